@@ -1,0 +1,185 @@
+"""The `ddp-new` command line. Thin: options here, work in render.py and questions.py.
+
+Start-up stays fast: neither torch nor copier is imported until a project is rendered.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from typer.core import TyperGroup
+
+from generator import __version__
+from generator.errors import EXIT_INTERRUPTED, GeneratorError
+
+
+class DefaultToNew(TyperGroup):
+    """Make `ddp-new NAME` mean `ddp-new new NAME` (Typer has no default subcommand)."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+            args = ["new", *args]
+        return super().parse_args(ctx, args)
+
+
+app = typer.Typer(
+    cls=DefaultToNew,
+    no_args_is_help=True,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="Create a PyTorch DistributedDataParallel training project: `ddp-new NAME`.",
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"ddp-new {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Create a PyTorch DistributedDataParallel training project: `ddp-new NAME`."""
+
+
+def _fail(error: GeneratorError) -> typer.Exit:
+    typer.echo(f"error: {error}", err=True)
+    return typer.Exit(error.exit_code)
+
+
+@app.command()
+def new(
+    name: Annotated[str, typer.Argument(help="Project name; the project is written to ./NAME.")],
+    defaults: Annotated[
+        bool, typer.Option("--defaults", "-y", help="Take the default for every question not set by --data.")
+    ] = False,
+    data: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--data", "-d", help="Answer a question: key=value (repeatable; see `ddp-new options`)."
+        ),
+    ] = None,
+    dest: Annotated[
+        Path | None, typer.Option(help="Directory to create instead of ./NAME.", show_default=False)
+    ] = None,
+    template: Annotated[
+        str | None,
+        typer.Option(help="Render another copier template (a path or git URL) instead of the bundled one."),
+    ] = None,
+    vcs_ref: Annotated[
+        str | None, typer.Option(help="Git tag or commit of a git template to render (default: latest tag).")
+    ] = None,
+    force: Annotated[
+        bool, typer.Option(help="Render into a non-empty directory, overwriting files the template owns.")
+    ] = False,
+    trust: Annotated[
+        bool,
+        typer.Option(
+            help="Allow a template to run its own commands (copier tasks, migrations); review it first."
+        ),
+    ] = False,
+) -> None:
+    """Create a new training project in ./NAME by answering the template's questions."""
+    from generator import questions, render
+
+    try:
+        render.check_name(name)
+        if template is not None:
+            render.check_template(template)
+        src = template or str(questions.bundled_template())
+        answers = questions.parse_data(data or [], _local_questions(src))
+        if "project_name" in answers:
+            raise GeneratorError("set the project name as NAME, not with --data project_name=...")
+        answers["project_name"] = name
+        target = (dest or Path(name)).expanduser().absolute()
+        render.render(src, target, answers, defaults=defaults, force=force, trust=trust, vcs_ref=vcs_ref)
+    except GeneratorError as error:
+        raise _fail(error) from None
+    except KeyboardInterrupt:
+        typer.echo("interrupted; nothing was written", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    _print_next_steps(target)
+
+
+def _local_questions(src: str) -> dict:
+    """Questions of a local template; for a git URL copier itself checks --data later."""
+    from generator import questions
+
+    path = Path(src).expanduser()
+    if path.is_dir():
+        return questions.load_questions(path)
+    return _AnyKey()
+
+
+class _AnyKey(dict):
+    """Accept every --data key as a plain string (remote templates are checked by copier)."""
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+    def __getitem__(self, key: str):
+        from generator.questions import Question
+
+        return Question(key=key)
+
+
+def _print_next_steps(target: Path) -> None:
+    answers_file = target / ".copier-answers.yml"
+    package = ""
+    if answers_file.is_file():
+        for line in answers_file.read_text(encoding="utf-8").splitlines():
+            if line.startswith("package_name:"):
+                package = line.split(":", 1)[1].strip()
+    typer.echo(f"Created {target}")
+    if package:
+        typer.echo(
+            "Next:\n"
+            f"  cd {target}\n"
+            '  pip install -e ".[dev]"   # after installing the torch build for your machine\n'
+            f"  torchrun --standalone --nproc_per_node=2 -m {package}.train --max-steps 20"
+        )
+
+
+@app.command()
+def options(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the questions as JSON.")] = False,
+    template: Annotated[
+        Path | None, typer.Option(help="Read the questions of another local template.", show_default=False)
+    ] = None,
+) -> None:
+    """Print every question: its key, type, default, choices and help (the keys of --data)."""
+    from generator import questions
+
+    try:
+        root = template or questions.bundled_template()
+        found = questions.load_questions(root)
+    except GeneratorError as error:
+        raise _fail(error) from None
+    if as_json:
+        typer.echo(json.dumps([vars(q) for q in found.values()], indent=2))
+        return
+    for q in found.values():
+        kind = f"{q.type}, several of" if q.multiselect else q.type
+        typer.echo(f"{q.key} ({kind})")
+        typer.echo(f"    {q.help}")
+        if q.choices:
+            typer.echo(f"    choices: {', '.join(str(c) for c in q.choices)}")
+        if q.default is not None:
+            typer.echo(f"    default: {q.default}")
+
+
+def main() -> None:
+    app(prog_name="ddp-new")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Read the template's questions from copier.yml without importing copier.
+
+`ddp-new options` and the checks on `--data` run before any rendering, so they must
+stay cheap: PyYAML only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from generator.errors import GeneratorError
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def bundled_template() -> Path:
+    """The template shipped with this installation: inside the wheel, or the source checkout."""
+    for root in (PACKAGE_DIR / "_bundled", PACKAGE_DIR.parent):
+        if (root / "copier.yml").is_file():
+            return root
+    raise GeneratorError("the bundled template is missing; reinstall ddp-new", exit_code=1)
+
+
+@dataclass
+class Question:
+    key: str
+    type: str = "str"
+    help: str = ""
+    default: Any = None
+    choices: list[Any] = field(default_factory=list)
+    multiselect: bool = False
+
+    def parse(self, raw: str) -> Any:
+        """Turn a `--data key=value` string into the value copier expects."""
+        if self.multiselect:
+            items = load_yaml(raw) if raw.strip().startswith("[") else raw.split(",")
+            value = [str(item).strip() for item in items or [] if str(item).strip()]
+            unknown = [item for item in value if item not in self.choices]
+            if unknown:
+                raise self._bad_choice(", ".join(unknown))
+            return value
+        if self.type == "int":
+            try:
+                value = int(raw)
+            except ValueError:
+                raise GeneratorError(f"--data {self.key}: expected an integer, got {raw!r}") from None
+        elif self.type == "bool":
+            value = load_yaml(raw)
+            if not isinstance(value, bool):
+                raise GeneratorError(f"--data {self.key}: expected true or false, got {raw!r}")
+        else:
+            value = raw
+        if self.choices and value not in self.choices:
+            raise self._bad_choice(raw)
+        return value
+
+    def _bad_choice(self, got: str) -> GeneratorError:
+        choices = ", ".join(str(choice) for choice in self.choices)
+        return GeneratorError(f"--data {self.key}: {got!r} is not one of: {choices}")
+
+
+def load_yaml(text: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise GeneratorError(f"cannot parse {text!r}: {error}") from None
+
+
+def load_questions(template: Path) -> dict[str, Question]:
+    """The questions of a local template, in order, keyed by name (settings `_*` skipped)."""
+    for name in ("copier.yml", "copier.yaml"):
+        if (template / name).is_file():
+            config = load_yaml((template / name).read_text(encoding="utf-8")) or {}
+            break
+    else:
+        raise GeneratorError(f"{template} is not a copier template (no copier.yml in it)")
+    questions = {}
+    for key, spec in config.items():
+        if key.startswith("_"):
+            continue
+        if not isinstance(spec, dict):  # the short form `key: default`
+            spec = {"default": spec}
+        choices = spec.get("choices") or []
+        if isinstance(choices, dict):  # {label: value}
+            choices = list(choices.values())
+        questions[key] = Question(
+            key=key,
+            type=str(spec.get("type", "str")),
+            help=str(spec.get("help", "")).strip(),
+            default=spec.get("default"),
+            choices=list(choices),
+            multiselect=bool(spec.get("multiselect", False)),
+        )
+    return questions
+
+
+def parse_data(pairs: list[str], questions: dict[str, Question]) -> dict[str, Any]:
+    """Parse repeated `--data key=value` options against the template's questions."""
+    data: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise GeneratorError(f"--data expects key=value, got {pair!r}")
+        if key not in questions:
+            known = ", ".join(questions)
+            raise GeneratorError(f"--data {key}: unknown question; known keys: {known}")
+        if key in data:
+            raise GeneratorError(f"--data {key} given twice")
+        data[key] = questions[key].parse(raw)
+    return data
