@@ -87,6 +87,7 @@ def _run_copy(
 ) -> None:
     """Call copier and turn its exceptions into one-line GeneratorErrors."""
     import copier
+    import jinja2
     from copier import errors
     from plumbum import ProcessExecutionError
 
@@ -116,6 +117,10 @@ def _run_copy(
         raise GeneratorError(str(error)) from None
     except errors.CopierError as error:
         raise GeneratorError(str(error), exit_code=EXIT_FAILED) from None
+    except jinja2.TemplateError as error:
+        raise GeneratorError(f"the template failed to render: {error}", exit_code=EXIT_FAILED) from None
+    except OSError as error:
+        raise GeneratorError(f"cannot write the project: {error}", exit_code=EXIT_FAILED) from None
     except ProcessExecutionError as error:  # git, for a template given as a URL or repository
         detail = (error.stderr or "").strip().splitlines() or [str(error)]
         raise GeneratorError(f"git failed: {detail[-1]}", exit_code=EXIT_FAILED) from None

@@ -1,0 +1,71 @@
+"""Shared helpers: render projects with the real CLI and run commands in them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from generator.cli import app
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def template_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The working tree's template as a plain directory, so tests render exactly what is on disk."""
+    root = tmp_path_factory.mktemp("template")
+    shutil.copy2(REPO / "copier.yml", root / "copier.yml")
+    shutil.copytree(REPO / "template", root / "template", ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+def cli(*args: str | Path, cwd: Path | None = None):
+    """Run `ddp-new ARGS` in-process; returns click's Result (exit_code, output, stderr)."""
+    old = Path.cwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        return CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
+    finally:
+        os.chdir(old)
+
+
+def render(template: Path, dest: Path, **answers: object) -> Path:
+    """Render a project with --defaults plus `answers`; assert success and return its path."""
+    data = []
+    for key, value in answers.items():
+        data += ["--data", f"{key}={_as_data(value)}"]
+    result = cli(dest.name, "--defaults", "--template", template, "--dest", dest, *data)
+    assert result.exit_code == 0, result.output
+    return dest
+
+
+def _as_data(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return ",".join(value)
+    return str(value)
+
+
+def answers_of(project: Path) -> dict:
+    return yaml.safe_load((project / ".copier-answers.yml").read_text())
+
+
+def run(cmd: list[str | Path], cwd: Path, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
+    """Run a command in a generated project with its src/ importable and one thread per process."""
+    full_env = {**os.environ, "PYTHONPATH": str(cwd / "src"), "OMP_NUM_THREADS": "1", **env}
+    return subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def python(*args: str | Path) -> list[str | Path]:
+    return [sys.executable, *args]

@@ -1,0 +1,229 @@
+"""The ddp-new command: help, version, options, and refusing bad input without writing anything."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, answers_of, cli, render
+
+from generator import __version__
+
+
+def listing(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_version() -> None:
+    result = cli("--version")
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == f"ddp-new {__version__}"
+
+
+def test_help_lists_commands_and_options() -> None:
+    result = cli("--help")
+    assert result.exit_code == 0, result.output
+    for word in ("new", "options", "ddp-new NAME"):
+        assert word in result.output
+    result = cli("new", "--help")
+    assert result.exit_code == 0, result.output
+    for option in ("--defaults", "--data", "--template", "--force", "--dest", "--trust", "--vcs-ref"):
+        assert option in result.output
+
+
+def test_options_lists_every_question() -> None:
+    result = cli("options", "--json")
+    assert result.exit_code == 0, result.output
+    questions = {q["key"]: q for q in json.loads(result.output)}
+    expected = {
+        "project_name", "package_name", "description", "author_name", "author_email",
+        "python_version", "precision", "grad_accum_steps", "launchers", "logger", "task",
+        "include_ci", "license",
+    }  # fmt: skip
+    assert expected <= set(questions)
+    assert questions["precision"]["choices"] == ["bf16", "fp16", "fp32"]
+    assert questions["launchers"]["multiselect"] is True
+    assert all(q["help"] for q in questions.values())
+    text = cli("options").output
+    assert "launchers (str, several of)" in text and "choices: local, multinode, slurm" in text
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["options"], ["new", "--help"]])
+def test_startup_imports_neither_torch_nor_copier(args: list[str]) -> None:
+    code = (
+        "import sys\nfrom generator.cli import main\nsys.argv = ['ddp-new', *sys.argv[1:]]\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'copier'})\n"
+        "print('HEAVY', heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True)
+    assert "HEAVY []" in out.stdout, out.stdout
+
+
+def test_defaults_render_into_name(tmp_path: Path, template_dir: Path) -> None:
+    result = cli("demo-proj", "-y", "--template", template_dir, cwd=tmp_path)
+    assert result.exit_code == 0, result.output
+    answers = answers_of(tmp_path / "demo-proj")
+    assert answers["project_name"] == "demo-proj"
+    assert answers["package_name"] == "demo_proj"
+    assert "demo_proj.train" in result.output  # next steps name the entry point
+    assert listing(tmp_path)[0] == "demo-proj"  # no temporary directory left beside it
+
+
+def test_data_sets_answers(tmp_path: Path, template_dir: Path) -> None:
+    project = render(
+        template_dir, tmp_path / "p", precision="fp32", grad_accum_steps=4, launchers=["local", "slurm"],
+        include_ci=False, package_name="custom_pkg",
+    )  # fmt: skip
+    answers = answers_of(project)
+    assert answers["precision"] == "fp32"
+    assert answers["grad_accum_steps"] == 4
+    assert answers["launchers"] == ["local", "slurm"]
+    assert answers["include_ci"] is False
+    assert (project / "src" / "custom_pkg").is_dir()
+
+
+def test_bundled_template_renders(tmp_path: Path) -> None:
+    result = cli("bundled", "-y", "--vcs-ref", "HEAD", cwd=tmp_path)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "bundled" / "src" / "bundled" / "train.py").is_file()
+
+
+def test_no_terminal_without_defaults_is_a_clear_error(tmp_path: Path, template_dir: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "generator", "p", "--template", template_dir],
+        cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "--defaults" in proc.stderr and "Traceback" not in proc.stderr
+    assert listing(tmp_path) == []
+
+
+BAD_INPUTS = [
+    # (arguments after the project name, expected exit status, words in the message)
+    (["my-pkg", "--data", "package_name=my-pkg"], 2, "package_name must be a lowercase Python identifier"),
+    (["p", "--data", "package_name=class"], 2, "is a Python keyword"),
+    (["p", "--data", "package_name=1abc"], 2, "package_name must be a lowercase Python identifier"),
+    (["p", "--data", "package_name="], 2, "package_name must be a lowercase Python identifier"),
+    (["p", "--data", "package_name=../x"], 2, "package_name must be a lowercase Python identifier"),
+    (["p", "--data", "package_name=torch"], 2, "would shadow"),
+    ([""], 2, "project name is empty"),
+    (["a/b"], 2, "is a path"),
+    (["../x"], 2, "is a path"),
+    (["a\\b"], 2, "is a path"),
+    (["x" * 300], 2, "the limit is 64"),
+    (["CON"], 2, "reserved device name"),
+    (["nul.txt"], 2, "reserved device name"),
+    (["a\udcff"], 2, "not valid UTF-8"),
+    (["-bad"], 2, "No such option"),
+    (["1abc"], 2, "project_name must start with a letter"),
+    (["p", "--data", "nosuchkey=1"], 2, "unknown question"),
+    (["p", "--data", "precision=fp8"], 2, "'fp8' is not one of: bf16, fp16, fp32"),
+    (["p", "--data", "launchers=local,mpi"], 2, "'mpi' is not one of"),
+    (["p", "--data", "logger=wandb"], 2, "'wandb' is not one of"),
+    (["p", "--data", "grad_accum_steps=0"], 2, "grad_accum_steps must be an integer from 1 to 1024"),
+    (["p", "--data", "grad_accum_steps=two"], 2, "expected an integer"),
+    (["p", "--data", "include_ci=maybe"], 2, "expected true or false"),
+    (["p", "--data", "author_email=nobody"], 2, "author_email must look like"),
+    (["p", "--data", "project_name=q"], 2, "set the project name as NAME"),
+    (["p", "--data", "noequals"], 2, "--data expects key=value"),
+    (["p", "--template", "/nonexistent/template"], 2, "does not exist"),
+]
+
+
+@pytest.mark.parametrize(("args", "status", "message"), BAD_INPUTS, ids=lambda v: repr(v)[:40])
+def test_bad_input_is_refused_and_nothing_written(
+    tmp_path: Path, template_dir: Path, args: list[str], status: int, message: str
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    if "--template" not in args:
+        args = [*args, "--template", str(template_dir)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "generator", *args, "--defaults"],
+        cwd=work, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    stderr = proc.stderr.decode(errors="replace")
+    assert proc.returncode == status, stderr
+    assert message in stderr
+    assert "Traceback" not in stderr
+    assert listing(work) == []
+
+
+def test_not_a_template_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "tpl").mkdir()
+    result = cli("p", "-y", "--template", tmp_path / "tpl", cwd=tmp_path)
+    assert result.exit_code == 2
+    assert "not a copier template" in result.output
+    assert not (tmp_path / "p").exists()
+
+
+def test_non_empty_target_needs_force(tmp_path: Path, template_dir: Path) -> None:
+    target = tmp_path / "p"
+    target.mkdir()
+    (target / "notes.txt").write_text("mine")
+    result = cli("p", "-y", "--template", template_dir, cwd=tmp_path)
+    assert result.exit_code == 2
+    assert "not empty" in result.output and "--force" in result.output
+    assert listing(tmp_path) == ["p", "p/notes.txt"]
+
+    result = cli("p", "-y", "--template", template_dir, "--force", cwd=tmp_path)
+    assert result.exit_code == 0, result.output
+    assert (target / "notes.txt").read_text() == "mine"  # the user's own file stays
+    assert (target / ".copier-answers.yml").is_file()
+
+
+def test_empty_target_is_used(tmp_path: Path, template_dir: Path) -> None:
+    (tmp_path / "p").mkdir()
+    result = cli("p", "-y", "--template", template_dir, cwd=tmp_path)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "p" / ".copier-answers.yml").is_file()
+
+
+def test_target_that_is_a_file_is_refused(tmp_path: Path, template_dir: Path) -> None:
+    (tmp_path / "p").write_text("file")
+    result = cli("p", "-y", "--template", template_dir, "--force", cwd=tmp_path)
+    assert result.exit_code == 2
+    assert "is not a directory" in result.output
+
+
+def test_dest_puts_the_project_elsewhere(tmp_path: Path, template_dir: Path) -> None:
+    (tmp_path / "work").mkdir()
+    result = cli("p", "-y", "--template", template_dir, "--dest", tmp_path / "elsewhere", cwd=tmp_path / "work")
+    assert result.exit_code == 0, result.output
+    assert answers_of(tmp_path / "elsewhere")["project_name"] == "p"
+    assert listing(tmp_path / "work") == []
+
+
+def test_failure_while_rendering_leaves_nothing(tmp_path: Path, template_dir: Path) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "copier.yml").write_text("project_name:\n  type: str\n")
+    (broken / "ok.txt").write_text("fine")
+    (broken / "bad.txt.jinja").write_text("{{ project_name | no_such_filter }}")
+    work = tmp_path / "work"
+    work.mkdir()
+    result = cli("p", "-y", "--template", broken, cwd=work)
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output
+    assert listing(work) == []
+
+
+def test_template_with_tasks_needs_trust(tmp_path: Path) -> None:
+    tpl = tmp_path / "tpl"
+    tpl.mkdir()
+    (tpl / "copier.yml").write_text("project_name:\n  type: str\n_tasks:\n  - touch ran\n")
+    (tpl / "README.md").write_text("hi")
+    work = tmp_path / "work"
+    work.mkdir()
+    result = cli("p", "-y", "--template", tpl, cwd=work)
+    assert result.exit_code == 4
+    assert "--trust" in result.output
+    assert listing(work) == []
+    result = cli("p", "-y", "--template", tpl, "--trust", cwd=work)
+    assert result.exit_code == 0, result.output
+    assert (work / "p" / "ran").exists()
