@@ -193,7 +193,9 @@ def test_target_that_is_a_file_is_refused(tmp_path: Path, template_dir: Path) ->
 
 def test_dest_puts_the_project_elsewhere(tmp_path: Path, template_dir: Path) -> None:
     (tmp_path / "work").mkdir()
-    result = cli("p", "-y", "--template", template_dir, "--dest", tmp_path / "elsewhere", cwd=tmp_path / "work")
+    result = cli(
+        "p", "-y", "--template", template_dir, "--dest", tmp_path / "elsewhere", cwd=tmp_path / "work"
+    )
     assert result.exit_code == 0, result.output
     assert answers_of(tmp_path / "elsewhere")["project_name"] == "p"
     assert listing(tmp_path / "work") == []

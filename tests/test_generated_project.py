@@ -1,0 +1,57 @@
+"""Generate projects and run them: one process, torchrun with two gloo ranks, and their own tests."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import answers_of, python, render, run
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def project(template_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return render(template_dir, tmp_path_factory.mktemp("run") / "demo")
+
+
+def check_run(out_dir: Path, steps: int) -> list[dict]:
+    """metrics.jsonl exists with finite losses up to `steps`, and the last step was checkpointed."""
+    records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "loss" in r]
+    assert train and train[-1]["step"] == steps
+    for record in train:
+        assert math.isfinite(record["loss"]) and record["samples_per_sec"] > 0
+        assert {"step", "loss", "lr", "samples_per_sec"} <= set(record)
+    assert (out_dir / "checkpoints" / f"step_{steps:08d}.pt").is_file()
+    return train
+
+
+def test_one_process(project: Path, tmp_path: Path) -> None:
+    package = answers_of(project)["package_name"]
+    proc = run(python("-m", f"{package}.train", "--max-steps", "5", "--out-dir", tmp_path), cwd=project)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    check_run(tmp_path, 5)
+
+
+def test_torchrun_two_processes(project: Path, tmp_path: Path) -> None:
+    package = answers_of(project)["package_name"]
+    cmd = python(
+        "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        "-m", f"{package}.train", "--max-steps", "5", "--out-dir", tmp_path,
+    )  # fmt: skip
+    proc = run(cmd, cwd=project)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    check_run(tmp_path, 5)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
+def test_generated_test_suite_passes(template_dir: Path, tmp_path: Path, precision: str) -> None:
+    project = render(template_dir, tmp_path / "suite", precision=precision)
+    proc = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=project, timeout=1200)
+    tail = (proc.stdout + proc.stderr)[-4000:]
+    assert proc.returncode == 0, tail
+    assert " passed" in proc.stdout and "no tests ran" not in proc.stdout, tail

@@ -1,0 +1,104 @@
+"""Render every answer choice at least once and check the project is complete, clean and lint-free."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import answers_of, render
+
+# Together these renders take every value of every choice question at least once.
+COMBINATIONS = {
+    "defaults": {},
+    "fp16-apache-312-local-tb": dict(
+        precision="fp16", license="Apache-2.0", python_version="3.12", launchers=["local"],
+        logger="tensorboard", include_ci=False, grad_accum_steps=3,
+    ),
+    "fp32-bsd-313-cluster": dict(
+        precision="fp32", license="BSD-3-Clause", python_version="3.13", launchers=["multinode", "slurm"],
+    ),
+    "proprietary-slurm-only": dict(license="Proprietary", launchers=["slurm"], package_name="custom_pkg"),
+    "no-launchers": dict(launchers=[], logger="tensorboard", precision="fp32"),
+}  # fmt: skip
+
+UNRENDERED = re.compile(r"(?<!\$)\{\{|\{%|%\}")  # GitHub's ${{ expr }} is not Jinja
+
+
+@pytest.fixture(scope="module", params=list(COMBINATIONS))
+def project(request: pytest.FixtureRequest, template_dir: Path, tmp_path_factory) -> Path:
+    dest = tmp_path_factory.mktemp(request.param) / "proj"
+    return render(template_dir, dest, **COMBINATIONS[request.param])
+
+
+def test_expected_files(project: Path) -> None:
+    answers = answers_of(project)
+    package = project / "src" / answers["package_name"]
+    for name in ("config.py", "dist.py", "data.py", "model.py", "checkpoint.py", "train.py"):
+        assert (package / name).is_file(), name
+    for name in ("README.md", "pyproject.toml", ".copier-answers.yml", "tests"):
+        assert (project / name).exists(), name
+    scripts = {
+        "local": "train_local.sh",
+        "multinode": "train_multinode.sh",
+        "slurm": "train_slurm.sbatch",
+    }
+    for launcher, script in scripts.items():
+        assert (project / "scripts" / script).is_file() == (launcher in answers["launchers"]), script
+    assert (project / ".github" / "workflows" / "ci.yml").is_file() == answers["include_ci"]
+    assert (project / "LICENSE").is_file() == (answers["license"] != "Proprietary")
+    if answers["license"] != "Proprietary":
+        assert answers["author_name"] in (project / "LICENSE").read_text()
+
+
+def test_no_unrendered_jinja(project: Path) -> None:
+    for path in project.rglob("*"):
+        if path.is_file():
+            assert "{{" not in path.name and "{%" not in path.name, path
+            text = path.read_text(encoding="utf-8")
+            assert not UNRENDERED.search(text), f"{path}: {UNRENDERED.search(text).group()}"
+
+
+def test_answers_reach_the_code(project: Path) -> None:
+    answers = answers_of(project)
+    config = (project / "src" / answers["package_name"] / "config.py").read_text()
+    assert f'"{answers["precision"]}"' in config
+    assert re.search(rf"grad_accum_steps: int = {answers['grad_accum_steps']}\b", config)
+    pyproject = (project / "pyproject.toml").read_text()
+    assert f'requires-python = ">={answers["python_version"]}"' in pyproject
+    assert ("tensorboard" in pyproject) == (answers["logger"] == "tensorboard")
+
+
+def test_ruff_check_and_format(project: Path) -> None:
+    for cmd in (["check", "--no-cache", "."], ["format", "--check", "--no-cache", "."]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "ruff", *cmd], cwd=project, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_compileall(project: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", "src", "tests"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_shell_scripts_parse(project: Path) -> None:
+    scripts = [*project.glob("scripts/*.sh"), *project.glob("scripts/*.sbatch")]
+    for script in scripts:
+        proc = subprocess.run(["bash", "-n", script], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{script}: {proc.stderr}"
+        assert script.read_text().startswith("#!"), script
+
+
+def test_yaml_files_parse(project: Path) -> None:
+    import yaml
+
+    for path in [*project.rglob("*.yml"), *project.rglob("*.yaml")]:
+        yaml.safe_load(path.read_text())
