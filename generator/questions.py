@@ -65,7 +65,7 @@ def load_yaml(text: str) -> Any:
     import yaml
 
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as error:
         raise GeneratorError(f"cannot parse {text!r}: {error}") from None
 

@@ -1,0 +1,1 @@
+"""Benchmarks for ddp-new. Figures live here, never in timed tests."""
