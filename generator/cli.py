@@ -14,7 +14,7 @@ import typer
 from typer.core import TyperGroup
 
 from generator import __version__
-from generator.errors import EXIT_INTERRUPTED, GeneratorError
+from generator.errors import EXIT_CONFLICTS, EXIT_INTERRUPTED, GeneratorError
 
 
 class DefaultToNew(TyperGroup):
@@ -89,14 +89,17 @@ def new(
     ] = False,
 ) -> None:
     """Create a new training project in ./NAME by answering the template's questions."""
-    from generator import questions, render
+    from generator import questions, render, templates
 
     try:
         render.check_name(name)
         if template is not None:
-            render.check_template(template)
-        src = template or str(questions.bundled_template())
-        answers = questions.parse_data(data or [], _local_questions(src))
+            src = render.check_template(template)
+            answers = questions.parse_data(data or [], _local_questions(src))
+        else:
+            answers = questions.parse_data(data or [], questions.load_questions(questions.bundled_template()))
+            src, ref = templates.bundled_source()
+            vcs_ref = vcs_ref or ref
         if "project_name" in answers:
             raise GeneratorError("set the project name as NAME, not with --data project_name=...")
         answers["project_name"] = name
@@ -147,6 +150,48 @@ def _print_next_steps(target: Path) -> None:
             '  pip install -e ".[dev]"   # after installing the torch build for your machine\n'
             f"  torchrun --standalone --nproc_per_node=2 -m {package}.train --max-steps 20"
         )
+
+
+@app.command()
+def update(
+    path: Annotated[Path, typer.Argument(help="Project to update (a clean git work tree).")] = Path("."),
+    data: Annotated[
+        list[str] | None,
+        typer.Option("--data", "-d", help="Change an answer while updating: key=value (repeatable)."),
+    ] = None,
+    vcs_ref: Annotated[
+        str | None,
+        typer.Option(help="Template tag or commit to update to (default: this ddp-new's version)."),
+    ] = None,
+    trust: Annotated[
+        bool, typer.Option(help="Let a third-party template run its migrations; ddp-new's own needs no flag.")
+    ] = False,
+) -> None:
+    """Pull template changes into a project, keeping your edits; exits 3 if conflicts are left."""
+    from generator import questions
+    from generator import update as updating
+
+    try:
+        answers = updating.read_answers(path)
+        src = str(answers["_src_path"])
+        bundled = src == updating.LINK
+        known = questions.load_questions(questions.bundled_template()) if bundled else _local_questions(src)
+        report = updating.update(path, questions.parse_data(data or [], known), vcs_ref=vcs_ref, trust=trust)
+    except GeneratorError as error:
+        raise _fail(error) from None
+    except KeyboardInterrupt:
+        typer.echo("interrupted; check `git status` and `git checkout .` to undo", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    typer.echo(f"Updated {path.resolve()} from template {report.old_version} to {report.new_version}")
+    for label, paths in (("added", report.added), ("changed", report.changed), ("removed", report.removed)):
+        for item in paths:
+            typer.echo(f"  {label:<8} {item}")
+    if report.conflicts:
+        typer.echo("error: conflicts to resolve (edit the <<<<<<< markers, then commit):", err=True)
+        for item in report.conflicts:
+            typer.echo(f"  conflict {item}", err=True)
+        raise typer.Exit(EXIT_CONFLICTS)
+    typer.echo("Review with `git diff`, then commit.")
 
 
 @app.command()

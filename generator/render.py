@@ -51,15 +51,19 @@ def check_target(target: Path, force: bool) -> None:
         raise GeneratorError(f"cannot write to {target.parent}: permission denied")
 
 
-def check_template(src: str) -> None:
-    """A local template must be a directory holding copier.yml; URLs are left to copier."""
+def check_template(src: str) -> str:
+    """Return the source to record: a local template as an absolute path; URLs as given.
+
+    A relative path would be recorded in the project's answers and break later updates.
+    """
     if "://" in src or src.startswith(("git@", "gh:", "gl:")):
-        return
+        return src
     path = Path(src).expanduser()
     if not path.exists():
         raise GeneratorError(f"template {src} does not exist")
     if not ((path / "copier.yml").is_file() or (path / "copier.yaml").is_file()):
         raise GeneratorError(f"template {src} is not a copier template (no copier.yml in it)")
+    return str(path.resolve())
 
 
 def render(

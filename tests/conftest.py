@@ -17,6 +17,21 @@ from generator.cli import app
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh HOME: the template link and git settings of the machine stay untouched."""
+    home = tmp_path_factory.mktemp("home")
+    saved = dict(os.environ)
+    os.environ["HOME"] = str(home)
+    for role in ("AUTHOR", "COMMITTER"):
+        os.environ[f"GIT_{role}_NAME"] = "Test User"
+        os.environ[f"GIT_{role}_EMAIL"] = "test@example.com"
+    os.environ["GIT_CONFIG_NOSYSTEM"] = "1"
+    yield home
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
 def template_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The working tree's template as a plain directory, so tests render exactly what is on disk."""

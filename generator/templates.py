@@ -1,0 +1,101 @@
+"""Where the bundled template comes from, so that projects can be updated later.
+
+The template's version history (every released tag) ships inside the wheel as a git
+bundle, `_bundled/template.bundle`. Projects record a path that is the same on every
+machine, `~/.local/share/ddp-new/template.bundle`: a symbolic link that ddp-new points at
+the bundle of the installed package each time it runs. So:
+
+- plain `copier update` works offline on the machine that rendered the project, and keeps
+  working after `pip install -U ddp-new` (the link's target is replaced in place);
+- `ddp-new update` works on any machine, a teammate's fresh one included: it creates the
+  link first, and the bundle holds the old version copier needs to compute the diff.
+
+In a source checkout (an editable install) the bundle is made from the checkout's
+committed history on each run, so a render never records a commit that does not exist.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+from generator.errors import EXIT_FAILED, GeneratorError
+from generator.questions import PACKAGE_DIR
+
+LINK = "~/.local/share/ddp-new/template.bundle"  # recorded as _src_path in every project
+VERSION_TAG = re.compile(r"^v(\d+)\.(\d+)\.(\d+)$")
+
+
+def link_path() -> Path:
+    return Path(LINK).expanduser()
+
+
+def packaged_bundle() -> Path | None:
+    """The bundle to render from: the wheel's, a test's (DDP_NEW_BUNDLE), or one made from the checkout."""
+    override = os.environ.get("DDP_NEW_BUNDLE")
+    if override:
+        return Path(override).resolve()
+    shipped = PACKAGE_DIR / "_bundled" / "template.bundle"
+    if shipped.is_file():
+        return shipped
+    checkout = PACKAGE_DIR.parent
+    if (checkout / ".git").exists() and (checkout / "copier.yml").is_file():
+        return _bundle_checkout(checkout, link_path().parent / "dev" / "template.bundle")
+    return None  # a wheel built without git history: renders work, updates do not
+
+
+def _bundle_checkout(repo: Path, out: Path) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    _git(repo, "bundle", "create", "-q", str(tmp), "HEAD", "--tags")
+    os.replace(tmp, out)
+    return out
+
+
+def point_link_at(bundle: Path) -> str:
+    """Make LINK lead to `bundle` (atomically) and return LINK, the path to record."""
+    link = link_path()
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() and link.resolve() == bundle.resolve():
+        return LINK
+    tmp = link.with_name(f".{link.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    try:
+        tmp.symlink_to(bundle.resolve())
+    except OSError:  # no symbolic links here (some Windows setups): keep a copy instead
+        tmp.write_bytes(bundle.read_bytes())
+    os.replace(tmp, link)
+    return LINK
+
+
+def version_tags(bundle: Path) -> list[str]:
+    """Release tags `vX.Y.Z` in the bundle, oldest first."""
+    heads = _git(tempfile.gettempdir(), "bundle", "list-heads", str(bundle))
+    tags = [line.rsplit("refs/tags/", 1)[-1] for line in heads.splitlines() if "refs/tags/" in line]
+    releases = [tag for tag in tags if VERSION_TAG.match(tag)]
+    return sorted(releases, key=lambda tag: tuple(int(n) for n in VERSION_TAG.match(tag).groups()))
+
+
+def bundled_source() -> tuple[str, str | None]:
+    """(src, vcs_ref) to render the bundled template: its newest release, else its HEAD."""
+    bundle = packaged_bundle()
+    if bundle is None:
+        from generator.questions import bundled_template
+
+        return str(bundled_template()), None
+    tags = version_tags(bundle)
+    return point_link_at(bundle), (tags[-1] if tags else "HEAD")
+
+
+def _git(cwd: Path | str, *args: str) -> str:
+    try:
+        proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True)
+    except FileNotFoundError:
+        raise GeneratorError("git is not installed; ddp-new needs it", exit_code=EXIT_FAILED) from None
+    except subprocess.CalledProcessError as error:
+        detail = (error.stderr.strip().splitlines() or ["no message"])[-1]
+        raise GeneratorError(f"git {args[0]} failed: {detail}", exit_code=EXIT_FAILED) from None
+    return proc.stdout

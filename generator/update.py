@@ -1,0 +1,150 @@
+"""`ddp-new update`: pull template changes into a project, keep the user's edits, never hide a conflict.
+
+copier does the three-way merge. This module adds what copier leaves to the user: refusing
+a dirty or non-git project up front, pointing copier at this installation's template
+history, and reporting conflicts (copier exits 0 even when it leaves conflict markers).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from generator.errors import EXIT_FAILED, EXIT_USAGE, GeneratorError
+from generator.templates import LINK, packaged_bundle, point_link_at, version_tags
+
+ANSWERS = ".copier-answers.yml"
+MARKER = "<<<<<<< before updating"
+
+
+@dataclass
+class UpdateReport:
+    old_version: str
+    new_version: str
+    added: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+
+
+def git(project: Path, *args: str) -> str:
+    proc = subprocess.run(["git", "-C", str(project), *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        detail = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        raise GeneratorError(f"git {args[0]} failed in {project}: {detail}", exit_code=EXIT_FAILED)
+    return proc.stdout
+
+
+def read_answers(project: Path) -> dict[str, Any]:
+    from generator.questions import load_yaml
+
+    path = project / ANSWERS
+    if not path.is_file():
+        raise GeneratorError(f"{project} has no {ANSWERS}; it was not rendered from a copier template")
+    answers = load_yaml(path.read_text(encoding="utf-8"))
+    if not isinstance(answers, dict) or "_src_path" not in answers:
+        raise GeneratorError(f"{path} has no _src_path; cannot tell which template to update from")
+    return answers
+
+
+def check_clean_git(project: Path) -> None:
+    """Refuse a project that is not a git work tree or has uncommitted or untracked files."""
+    if not project.is_dir():
+        raise GeneratorError(f"{project} is not a directory")
+    probe = subprocess.run(
+        ["git", "-C", str(project), "rev-parse", "--is-inside-work-tree"], capture_output=True, text=True
+    )
+    if probe.returncode != 0 or probe.stdout.strip() != "true":
+        raise GeneratorError(
+            f"{project} is not a git repository; updating needs one to merge safely:"
+            " git init && git add -A && git commit -m 'Initial commit'"
+        )
+    dirty = git(project, "status", "--porcelain", "--untracked-files=all").splitlines()
+    if dirty:
+        raise GeneratorError(
+            f"{project} has {len(dirty)} uncommitted or untracked file(s), e.g. {dirty[0][3:]};"
+            " commit or stash them first so the update can be reviewed and undone"
+        )
+
+
+def update(
+    project: Path, data: dict[str, Any], *, vcs_ref: str | None = None, trust: bool = False
+) -> UpdateReport:
+    """Update `project` to the template of this installation (or `vcs_ref`)."""
+    project = project.resolve()
+    answers = read_answers(project)
+    check_clean_git(project)
+    src = str(answers["_src_path"])
+    if src == LINK:  # rendered from a ddp-new bundle: make the link lead to ours
+        bundle = packaged_bundle()
+        if bundle is None:
+            raise GeneratorError(
+                "this ddp-new was built without its template history, so it cannot update projects;"
+                " install a release wheel",
+                exit_code=EXIT_FAILED,
+            )
+        point_link_at(bundle)
+        tags = version_tags(bundle)
+        vcs_ref = vcs_ref or (tags[-1] if tags else "HEAD")
+        trust = True  # the template shipped with ddp-new itself; its migrations are ours
+    old_version = str(answers.get("_commit", "?"))
+    _run_update(project, data, vcs_ref=vcs_ref, trust=trust)
+    return _report(project, old_version)
+
+
+def _run_update(project: Path, data: dict[str, Any], *, vcs_ref: str | None, trust: bool) -> None:
+    import copier
+    from copier import errors
+    from plumbum import ProcessExecutionError
+
+    try:
+        copier.run_update(
+            project,
+            data=data,
+            defaults=True,
+            overwrite=True,
+            conflict="inline",
+            vcs_ref=vcs_ref,
+            unsafe=trust,
+            quiet=True,
+        )
+    except errors.UnsafeTemplateError as error:
+        raise GeneratorError(
+            f"{error}. Read the template's copier.yml; if you trust it, run again with --trust", exit_code=4
+        ) from None
+    except ValueError as error:
+        if "Unknown revision" in str(error):  # the recorded _commit is not in the available history
+            raise GeneratorError(
+                f"{error}: the template history here lacks the project's version; upgrade ddp-new",
+                exit_code=EXIT_FAILED,
+            ) from None
+        raise GeneratorError(str(error), exit_code=EXIT_USAGE) from None  # validators, choices
+    except (errors.CopierError, ProcessExecutionError) as error:
+        message = str(error).strip().splitlines() or ["copier failed"]
+        raise GeneratorError(f"update failed: {message[-1]}", exit_code=EXIT_FAILED) from None
+
+
+def _report(project: Path, old_version: str) -> UpdateReport:
+    new_version = str(read_answers(project).get("_commit", "?"))
+    report = UpdateReport(old_version, new_version)
+    unmerged = set(git(project, "diff", "--name-only", "--diff-filter=U").splitlines())
+    for line in git(project, "status", "--porcelain", "--untracked-files=all").splitlines():
+        code, path = line[:2], line[3:].strip('"')
+        if path.endswith(".rej") or path in unmerged or _has_marker(project / path):
+            report.conflicts.append(path)
+        elif code == "??" or "A" in code:
+            report.added.append(path)
+        elif "D" in code:
+            report.removed.append(path)
+        else:
+            report.changed.append(path)
+    return report
+
+
+def _has_marker(path: Path) -> bool:
+    try:
+        return MARKER in path.read_text(encoding="utf-8", errors="ignore")
+    except (IsADirectoryError, FileNotFoundError):
+        return False

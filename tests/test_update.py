@@ -1,0 +1,230 @@
+"""Template updates with real git repositories, the real copier CLI and the real ddp-new CLI, offline."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO
+
+DDP_NEW = [sys.executable, "-m", "generator"]
+COPIER = [sys.executable, "-m", "copier"]
+NOTES_V1 = "alpha\nbeta\ngamma\n"
+NOTES_V2 = "alpha\nbeta, improved\ngamma\n"
+
+
+def sh(cmd: list, cwd: Path, check: bool = True, **env: str) -> subprocess.CompletedProcess:
+    import os
+
+    proc = subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, env={**os.environ, **env}
+    )
+    if check:
+        assert proc.returncode == 0, f"{cmd}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def git(cwd: Path, *args: str) -> str:
+    return sh(["git", *args], cwd).stdout
+
+
+def commit_all(repo: Path, message: str) -> None:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+
+
+@pytest.fixture(scope="module")
+def template_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A template repository with two releases: v0.2.0 changes, adds and removes a file."""
+    repo = tmp_path_factory.mktemp("tpl") / "ddp-new"
+    repo.mkdir()
+    shutil.copy2(REPO / "copier.yml", repo / "copier.yml")
+    shutil.copytree(REPO / "template", repo / "template", ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / "template" / "notes.txt").write_text(NOTES_V1)
+    (repo / "template" / "old.txt").write_text("removed in v0.2.0\n")
+    git(repo, "init", "-q", "-b", "main")
+    commit_all(repo, "v0.1.0")
+    git(repo, "tag", "v0.1.0")
+    (repo / "template" / "notes.txt").write_text(NOTES_V2)  # changed
+    (repo / "template" / "new.txt").write_text("added in v0.2.0\n")  # added
+    (repo / "template" / "old.txt").unlink()  # removed
+    commit_all(repo, "v0.2.0")
+    git(repo, "tag", "v0.2.0")
+    return repo
+
+
+@pytest.fixture
+def project(template_repo: Path, tmp_path: Path) -> Path:
+    """A project rendered from v0.1.0, committed, with a user edit committed on top."""
+    sh([*DDP_NEW, "demo", "-y", "--template", template_repo, "--vcs-ref", "v0.1.0"], tmp_path)
+    project = tmp_path / "demo"
+    git(project, "init", "-q", "-b", "main")
+    commit_all(project, "Render from v0.1.0")
+    model = project / "src" / "demo" / "model.py"
+    model.write_text(model.read_text() + "# user edit: keep me\n")
+    commit_all(project, "User edit")
+    return project
+
+
+def changed_paths(project: Path) -> set[str]:
+    return {line[3:] for line in git(project, "status", "--porcelain", "--untracked-files=all").splitlines()}
+
+
+def assert_updated(project: Path) -> None:
+    assert (project / "notes.txt").read_text() == NOTES_V2
+    assert (project / "new.txt").is_file()
+    assert not (project / "old.txt").exists()
+    assert (project / "src" / "demo" / "model.py").read_text().endswith("# user edit: keep me\n")
+    assert changed_paths(project) == {".copier-answers.yml", "notes.txt", "new.txt", "old.txt"}
+    assert yaml.safe_load((project / ".copier-answers.yml").read_text())["_commit"] == "v0.2.0"
+
+
+def test_answers_record_absolute_source_and_existing_tag(project: Path, template_repo: Path) -> None:
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert answers["_src_path"] == str(template_repo.resolve())
+    assert answers["_commit"] == "v0.1.0"
+    git(template_repo, "rev-parse", "--verify", answers["_commit"])
+
+
+def test_plain_copier_update(project: Path) -> None:
+    sh([*COPIER, "update", "--defaults"], project)
+    assert_updated(project)
+
+
+def test_ddp_new_update(project: Path) -> None:
+    proc = sh([*DDP_NEW, "update", project], project.parent)
+    assert_updated(project)
+    assert "from template v0.1.0 to v0.2.0" in proc.stdout
+    for line in ("added    new.txt", "changed  notes.txt", "removed  old.txt"):
+        assert line in proc.stdout
+
+
+def edit_conflicting_line(project: Path) -> None:
+    (project / "notes.txt").write_text("alpha\nbeta, the user's way\ngamma\n")
+    commit_all(project, "User edit on the line the template changes")
+
+
+def test_conflict_is_reported_and_exits_non_zero(project: Path) -> None:
+    edit_conflicting_line(project)
+    proc = sh([*DDP_NEW, "update", project], project.parent, check=False)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "conflict notes.txt" in proc.stderr
+    text = (project / "notes.txt").read_text()
+    assert "<<<<<<< before updating" in text and "beta, the user's way" in text and "beta, improved" in text
+
+
+def test_plain_copier_leaves_markers_and_exits_zero(project: Path) -> None:
+    """copier's documented behaviour, which is why ddp-new update checks for conflicts itself."""
+    edit_conflicting_line(project)
+    proc = sh([*COPIER, "update", "--defaults"], project, check=False)
+    assert proc.returncode == 0
+    assert "<<<<<<< before updating" in (project / "notes.txt").read_text()
+
+
+def test_dirty_tree_is_refused(project: Path) -> None:
+    (project / "scratch.txt").write_text("untracked")
+    before = (project / ".copier-answers.yml").read_text()
+    proc = sh([*DDP_NEW, "update", project], project.parent, check=False)
+    assert proc.returncode == 2
+    assert "uncommitted or untracked" in proc.stderr and "Traceback" not in proc.stderr
+    assert (project / ".copier-answers.yml").read_text() == before
+    assert changed_paths(project) == {"scratch.txt"}
+
+
+def test_non_git_project_is_refused(template_repo: Path, tmp_path: Path) -> None:
+    sh([*DDP_NEW, "demo", "-y", "--template", template_repo, "--vcs-ref", "v0.1.0"], tmp_path)
+    project = tmp_path / "demo"
+    before = sorted(p.name for p in project.iterdir())
+    proc = sh([*DDP_NEW, "update", project], tmp_path, check=False)
+    assert proc.returncode == 2
+    assert "not a git repository" in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(p.name for p in project.iterdir()) == before
+
+
+def test_not_a_project_is_refused(tmp_path: Path) -> None:
+    proc = sh([*DDP_NEW, "update", tmp_path], tmp_path, check=False)
+    assert proc.returncode == 2
+    assert "no .copier-answers.yml" in proc.stderr
+
+
+def test_update_with_changed_answer_adds_its_files(template_repo: Path, tmp_path: Path) -> None:
+    sh([*DDP_NEW, "demo", "-y", "--template", template_repo, "--data", "launchers=local"], tmp_path)
+    project = tmp_path / "demo"
+    git(project, "init", "-q", "-b", "main")
+    commit_all(project, "Render with one launcher")
+    assert not (project / "scripts" / "train_slurm.sbatch").exists()
+    proc = sh([*DDP_NEW, "update", project, "--data", "launchers=local,slurm"], tmp_path)
+    assert (project / "scripts" / "train_slurm.sbatch").is_file()
+    assert "added    scripts/train_slurm.sbatch" in proc.stdout
+    assert yaml.safe_load((project / ".copier-answers.yml").read_text())["launchers"] == ["local", "slurm"]
+
+
+def test_update_rejects_bad_answer(project: Path) -> None:
+    proc = sh([*DDP_NEW, "update", project, "--data", "precision=fp8"], project.parent, check=False)
+    assert proc.returncode == 2
+    assert "'fp8' is not one of" in proc.stderr
+    assert changed_paths(project) == set()
+
+
+def test_vcs_ref_pins_the_target_version(project: Path) -> None:
+    proc = sh([*DDP_NEW, "update", project, "--vcs-ref", "v0.1.0"], project.parent)
+    assert "from template v0.1.0 to v0.1.0" in proc.stdout
+    assert changed_paths(project) == set()
+
+
+def make_bundle(template_repo: Path, tag: str, out: Path) -> Path:
+    """What the wheel of release `tag` ships: every release tag up to that one."""
+    releases = ["v0.1.0", "v0.2.0"]
+    git(template_repo, "bundle", "create", "-q", str(out), *releases[: releases.index(tag) + 1])
+    return out
+
+
+def test_bundled_upgrade_on_a_fresh_machine(template_repo: Path, tmp_path: Path) -> None:
+    """Render with 'ddp-new 0.1.0', upgrade to '0.2.0', update on this and on a teammate's machine."""
+    bundle_a = make_bundle(template_repo, "v0.1.0", tmp_path / "a.bundle")
+    bundle_b = make_bundle(template_repo, "v0.2.0", tmp_path / "b.bundle")
+    alice, bob = tmp_path / "alice-home", tmp_path / "bob-home"
+    alice.mkdir()
+    bob.mkdir()
+
+    sh([*DDP_NEW, "demo", "-y"], tmp_path, HOME=str(alice), DDP_NEW_BUNDLE=str(bundle_a))
+    project = tmp_path / "demo"
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert answers["_src_path"] == "~/.local/share/ddp-new/template.bundle"  # the same on every machine
+    assert answers["_commit"] == "v0.1.0"
+    git(project, "init", "-q", "-b", "main")
+    commit_all(project, "Render with ddp-new 0.1.0")
+    clone = tmp_path / "teammate"
+    git(tmp_path, "clone", "-q", str(project), str(clone))
+
+    # Alice upgrades ddp-new: the link now leads to the new bundle, plain copier sees v0.2.0.
+    sh([*DDP_NEW, "--version"], tmp_path, HOME=str(alice), DDP_NEW_BUNDLE=str(bundle_b))
+    sh([*DDP_NEW, "options"], tmp_path, HOME=str(alice), DDP_NEW_BUNDLE=str(bundle_b))
+    sh([*DDP_NEW, "update", project], tmp_path, HOME=str(alice), DDP_NEW_BUNDLE=str(bundle_b))
+    assert (project / "notes.txt").read_text() == NOTES_V2
+
+    # Bob has only ddp-new 0.2.0 and an empty home: ddp-new update still finds v0.1.0 in its bundle.
+    proc = sh([*DDP_NEW, "update", clone], tmp_path, HOME=str(bob), DDP_NEW_BUNDLE=str(bundle_b))
+    assert "from template v0.1.0 to v0.2.0" in proc.stdout
+    assert (clone / "new.txt").is_file() and not (clone / "old.txt").exists()
+
+
+def test_plain_copier_update_after_upgrade(template_repo: Path, tmp_path: Path) -> None:
+    """On the machine that rendered it, plain copier follows the link to the upgraded bundle."""
+    bundle_a = make_bundle(template_repo, "v0.1.0", tmp_path / "a.bundle")
+    home = tmp_path / "home"
+    home.mkdir()
+    sh([*DDP_NEW, "demo", "-y"], tmp_path, HOME=str(home), DDP_NEW_BUNDLE=str(bundle_a))
+    project = tmp_path / "demo"
+    git(project, "init", "-q", "-b", "main")
+    commit_all(project, "Render")
+    # The upgrade replaces the installed bundle in place; the link keeps pointing at that path.
+    make_bundle(template_repo, "v0.2.0", tmp_path / "b.bundle")
+    shutil.copy2(tmp_path / "b.bundle", bundle_a)
+    sh([*COPIER, "update", "--defaults"], project, HOME=str(home))
+    assert (project / "notes.txt").read_text() == NOTES_V2
+    assert (project / "new.txt").is_file()
