@@ -116,6 +116,12 @@ def test_conflict_is_reported_and_exits_non_zero(project: Path) -> None:
     text = (project / "notes.txt").read_text()
     assert "<<<<<<< before updating" in text and "beta, the user's way" in text and "beta, improved" in text
 
+    # The project's pre-commit hooks refuse to commit the markers.
+    git(project, "add", "-A")
+    hooks = sh([sys.executable, "-m", "pre_commit", "run", "--all-files"], project, check=False)
+    assert hooks.returncode != 0
+    assert "no merge conflict markers" in hooks.stdout and "notes.txt" in hooks.stdout
+
 
 def test_plain_copier_leaves_markers_and_exits_zero(project: Path) -> None:
     """copier's documented behaviour, which is why ddp-new update checks for conflicts itself."""
