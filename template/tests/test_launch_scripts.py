@@ -38,6 +38,7 @@ def tiny_run(out_dir: Path, max_steps: int) -> list[str]:
         f"--max-steps={max_steps}",
         "--batch-size=4",
         "--num-samples=64",
+        "--val-samples=64",
         "--input-dim=8",
         "--hidden-dim=16",
         "--depth=1",
@@ -97,8 +98,20 @@ def run(cmd: list[str], env: dict[str, str], log: Path) -> int:
 
 
 def logged_steps(out_dir: Path) -> list[int]:
-    lines = (out_dir / "metrics.jsonl").read_text().splitlines()
+    """Steps in metrics.jsonl so far (complete lines only: the run may be writing one)."""
+    path = out_dir / "metrics.jsonl"
+    lines = path.read_text().split("\n")[:-1] if path.exists() else []
     return [json.loads(line)["step"] for line in lines]
+
+
+def wait_for_steps(proc: subprocess.Popen, out_dir: Path, count: int, log: Path) -> None:
+    """Wait until metrics.jsonl holds `count` steps, i.e. training is under way."""
+    deadline = time.monotonic() + TIMEOUT
+    while len(logged_steps(out_dir)) < count:
+        assert proc.poll() is None, log.read_text()
+        if time.monotonic() > deadline:
+            finish(proc, log, timeout=0)
+        time.sleep(0.1)
 
 
 def assert_finished(out_dir: Path, max_steps: int) -> None:
@@ -161,32 +174,43 @@ def slurm_env(tmp_path: Path) -> dict[str, str]:
     )
 
 
-def test_train_slurm_requeues_at_time_limit_and_resumes(tmp_path: Path) -> None:
+def test_train_slurm_two_nodes(tmp_path: Path) -> None:
+    script = require("train_slurm.sbatch")
+    out, log = tmp_path / "run", tmp_path / "job.log"
+    rc = run(["bash", str(script), *tiny_run(out, 4)], slurm_env(tmp_path), log)
+    assert rc == 0, log.read_text()
+    assert_finished(out, 4)
+    assert not (tmp_path / "slurm" / "scontrol.log").exists()  # finished: not requeued
+
+
+def test_train_slurm_time_limit_requeues_and_resumes(tmp_path: Path) -> None:
     script = require("train_slurm.sbatch")
     out, env = tmp_path / "run", slurm_env(tmp_path)
+    # Far more steps than the test waits for; only SIGTERM writes a checkpoint (--ckpt-every=0).
+    job = ["bash", str(script), *tiny_run(out, 1_000_000), "--ckpt-every=0"]
     requeue_log = tmp_path / "slurm" / "scontrol.log"
 
-    # First start: long enough that SLURM's time-limit warning (USR1 to the batch
-    # script, from --signal=B:USR1@120) arrives mid-training.
+    # SLURM warns the batch script 120 s before the time limit (--signal=B:USR1@120).
     log = tmp_path / "first.log"
-    proc = start(["bash", str(script), *tiny_run(out, 1_000_000)], env, log)
-    deadline = time.monotonic() + TIMEOUT
-    while not (out / "metrics.jsonl").exists() or len(logged_steps(out)) < 3:
-        assert proc.poll() is None, log.read_text()
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.2)
+    proc = start(job, env, log)
+    wait_for_steps(proc, out, 3, log)
     os.kill(proc.pid, signal.SIGUSR1)
     assert finish(proc, log) == 143, log.read_text()
-    assert requeue_log.read_text().split() == ["requeue", "4242"]
-    saved = sorted((out / "checkpoints").glob("step_*.pt"))
-    assert saved, log.read_text()
-    stopped_at = int(saved[-1].stem.removeprefix("step_"))
+    assert requeue_log.read_text().split() == ["requeue", "4242"], log.read_text()
+    stopped_at = logged_steps(out)[-1]
+    saved = sorted(path.name for path in (out / "checkpoints").glob("step_*.pt"))
+    assert saved == [f"step_{stopped_at:08d}.pt"], log.read_text()
 
-    # The requeued job runs the same script again and resumes from that checkpoint.
+    # The requeued job runs the same command and resumes at the next step. A plain SIGTERM
+    # (`scancel JOBID`) stops it with a checkpoint too, but does not requeue it.
     log = tmp_path / "second.log"
     env["SLURM_RESTART_COUNT"] = "1"
-    rc = run(["bash", str(script), *tiny_run(out, stopped_at + 2)], env, log)
-    assert rc == 0, log.read_text()
-    assert logged_steps(out)[-2:] == [stopped_at + 1, stopped_at + 2]
-    assert_finished(out, stopped_at + 2)
-    assert requeue_log.read_text().split() == ["requeue", "4242"]  # finished: no requeue
+    before = len(logged_steps(out))
+    proc = start(job, env, log)
+    wait_for_steps(proc, out, before + 3, log)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert finish(proc, log) == 143, log.read_text()
+    steps = logged_steps(out)
+    assert steps[before] == stopped_at + 1, log.read_text()
+    assert (out / "checkpoints" / f"step_{steps[-1]:08d}.pt").is_file(), log.read_text()
+    assert requeue_log.read_text().split() == ["requeue", "4242"], log.read_text()
