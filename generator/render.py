@@ -78,7 +78,10 @@ def render(
 ) -> None:
     """Render `src` into `target`; on any failure nothing is left at or beside `target`."""
     check_target(target, force)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".ddp-new", dir=target.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".ddp-new", dir=target.parent))
+    except OSError as error:
+        raise GeneratorError(f"cannot write to {target.parent}: {error.strerror}") from None
     try:
         _run_copy(src, tmp, data, defaults=defaults, trust=trust, vcs_ref=vcs_ref)
         _move_into_place(tmp, target)
@@ -128,6 +131,10 @@ def _run_copy(
     except ProcessExecutionError as error:  # git, for a template given as a URL or repository
         detail = (error.stderr or "").strip().splitlines() or [str(error)]
         raise GeneratorError(f"git failed: {detail[-1]}", exit_code=EXIT_FAILED) from None
+    except (ArithmeticError, LookupError, TypeError, RuntimeError) as error:  # a template's own bug
+        raise GeneratorError(
+            f"the template failed to render: {type(error).__name__}: {error}", exit_code=EXIT_FAILED
+        ) from None
 
 
 def _move_into_place(tmp: Path, target: Path) -> None:

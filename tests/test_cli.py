@@ -229,3 +229,70 @@ def test_template_with_tasks_needs_trust(tmp_path: Path) -> None:
     result = cli("p", "-y", "--template", tpl, "--trust", cwd=work)
     assert result.exit_code == 0, result.output
     assert (work / "p" / "ran").exists()
+
+
+def test_nul_in_name_is_refused(tmp_path: Path, template_dir: Path) -> None:
+    result = cli("a\0b", "-y", "--template", template_dir, cwd=tmp_path)
+    assert result.exit_code == 2
+    assert "NUL" in result.output
+    assert listing(tmp_path) == []
+
+
+def test_non_utf8_bytes_in_name_are_refused(tmp_path: Path, template_dir: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable.encode(), b"-m", b"generator", b"caf\xe9", b"-y", b"--template", bytes(template_dir)],
+        cwd=tmp_path, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert b"not valid UTF-8" in proc.stderr and b"Traceback" not in proc.stderr
+    assert listing(tmp_path) == []
+
+
+def test_read_only_parent_is_refused(tmp_path: Path, template_dir: Path) -> None:
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    if os.geteuid() == 0:  # root ignores permission bits; the immutable attribute binds root too
+        if subprocess.run(["chattr", "+i", parent], capture_output=True).returncode != 0:
+            pytest.skip("running as root on a file system without chattr +i")
+    else:
+        parent.chmod(0o555)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "generator", "p", "-y", "--template", template_dir],
+            cwd=parent, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+    finally:
+        subprocess.run(["chattr", "-i", parent], capture_output=True)
+        parent.chmod(0o755)
+    assert proc.returncode == 2, proc.stderr
+    assert f"cannot write to {parent}" in proc.stderr and "Traceback" not in proc.stderr
+    assert listing(parent) == []
+
+
+def test_ctrl_c_while_rendering_leaves_nothing(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "copier.yml").write_text("project_name:\n  type: str\n")
+    (slow / "slow.txt.jinja").write_text(
+        "{% for i in range(99999) %}{% for j in range(9999) %}{% endfor %}{% endfor %}"
+    )
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "generator", "p", "-y", "--template", slow],
+        cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not list(work.glob(".p.*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(work.glob(".p.*")), "rendering never started"
+    time.sleep(0.5)  # well inside the slow file
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "interrupted; nothing was written" in stderr and "Traceback" not in stderr
+    assert listing(work) == []
