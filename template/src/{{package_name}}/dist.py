@@ -1,0 +1,184 @@
+"""Process-group setup, teardown, and the few collectives the training loop needs.
+
+torchrun starts one process per GPU and tells each one who it is through environment
+variables: RANK (index among all processes), LOCAL_RANK (index on this node, which is the
+GPU to use), WORLD_SIZE, and MASTER_ADDR/MASTER_PORT (where the rendezvous store lives).
+Without torchrun the script runs as one process with world size 1 and takes exactly the same
+code path: a real process group, the DDP wrapper, the same collectives.
+
+Debugging a hang: run with TORCH_DISTRIBUTED_DEBUG=DETAIL (checks that ranks call the same
+collectives), and on GPUs add TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1
+to dump the NCCL flight recorder when --dist-timeout expires.
+"""
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as torch_dist
+
+from .config import ConfigError
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int  # index of this process among all processes
+    local_rank: int  # index on this node: the GPU this process drives
+    world_size: int  # number of processes
+
+
+def read_env() -> DistEnv:
+    """Who this process is, from torchrun's variables (one process when they are absent)."""
+    return DistEnv(
+        rank=int(os.environ.get("RANK", 0)),
+        local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+        world_size=int(os.environ.get("WORLD_SIZE", 1)),
+    )
+
+
+def pick_device(name: str, local_rank: int) -> torch.device:
+    """The device of this process for --device auto|cpu|cuda."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError("--device cuda: CUDA is not available here; use --device cpu or auto")
+    if local_rank >= torch.cuda.device_count():
+        raise ConfigError(
+            f"--device cuda: LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPUs"
+            " are visible; start at most that many processes per node (--nproc_per_node)"
+        )
+    # The LOCAL rank: the global rank names a GPU that does not exist on every node but the first.
+    return torch.device("cuda", local_rank)
+
+
+def setup(env: DistEnv, device: torch.device, timeout_s: int) -> None:
+    """Create the process group: nccl for GPUs, gloo for CPUs."""
+    timeout = timedelta(seconds=timeout_s)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before init, so NCCL and barriers use this GPU
+    torch_dist.init_process_group(
+        backend="nccl" if device.type == "cuda" else "gloo",
+        store=_store(env, timeout),
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timeout,
+        # Binds the group to this GPU: NCCL connects eagerly and barriers need not guess a device.
+        device_id=device if device.type == "cuda" else None,
+    )
+
+
+def _store(env: DistEnv, timeout: timedelta) -> torch_dist.Store | None:
+    """The key-value store the ranks meet in; None means torch's default (env://)."""
+    if "RANK" not in os.environ:
+        return torch_dist.HashStore()  # one process: nobody to meet, an in-memory store will do
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun keeps its store across worker restarts, with the keys the dead workers wrote;
+        # a restarted rank can read a dead peer's address and hang (pytorch/pytorch#135712).
+        # A key prefix per restart attempt gives every attempt a clean store.
+        store = torch_dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            env.world_size,
+            is_master=False,
+            timeout=timeout,
+        )
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        return torch_dist.PrefixStore(f"attempt_{attempt}", store)
+    return None
+
+
+def cleanup(clean_exit: bool) -> None:
+    """Destroy the process group; call it in a `finally`, on errors too."""
+    if not torch_dist.is_initialized():
+        return
+    if clean_exit:
+        # gloo worker threads release a finished collective a moment after wait() returns, and
+        # releasing tensors made in Python needs the GIL; destroying the group meanwhile can
+        # abort (SIGABRT) or hang at exit. Draining with barriers (whose tensors live in C++)
+        # makes the last collective a harmless one. Skipped after an error: peers may be gone.
+        for _ in range(2):
+            time.sleep(0.05)
+            torch_dist.barrier()
+        time.sleep(0.05)
+    torch_dist.destroy_process_group()
+
+
+def is_main() -> bool:
+    """True on global rank 0, the only process that prints, logs and writes files."""
+    if torch_dist.is_initialized():
+        return torch_dist.get_rank() == 0
+    return int(os.environ.get("RANK", 0)) == 0
+
+
+def print0(message: str) -> None:
+    """Print on rank 0 only."""
+    if is_main():
+        print(message, flush=True)
+
+
+def barrier() -> None:
+    torch_dist.barrier()
+
+
+def sum_(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over all ranks, in place."""
+    torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.SUM)
+    return tensor
+
+
+def mean(tensor: torch.Tensor) -> torch.Tensor:
+    """Average a tensor over all ranks, in place (gloo has no AVG, so sum and divide)."""
+    return sum_(tensor).div_(torch_dist.get_world_size())
+
+
+def max_(tensor: torch.Tensor) -> torch.Tensor:
+    """Element-wise maximum over all ranks, in place."""
+    torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MAX)
+    return tensor
+
+
+def any_rank(flags: list[torch.Tensor | bool], device: torch.device) -> list[bool]:
+    """For each flag, whether it is true on any rank: one small all-reduce, one host sync."""
+    values = torch.stack([torch.as_tensor(f, device=device).float() for f in flags])
+    return [bool(v) for v in max_(values).tolist()]
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """Collect one picklable object from every rank, in rank order, on every rank."""
+    gathered: list[Any] = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def check_same_on_all_ranks(description: str, value: str) -> None:
+    """Fail fast, instead of hanging later, when ranks disagree (e.g. on config or data)."""
+    digest = hashlib.sha256(value.encode()).hexdigest()[:12]
+    digests = all_gather_object(digest)
+    if len(set(digests)) > 1:
+        raise RuntimeError(f"ranks disagree on {description}: digests by rank {digests}")
+
+
+def param_fingerprint(model: torch.nn.Module) -> int:
+    """An integer that changes when any bit of any parameter changes, to compare replicas."""
+    total = torch.zeros((), dtype=torch.int64)
+    int_types = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    for p in model.parameters():
+        bits = p.detach().reshape(-1).view(int_types[p.element_size()]).to(torch.int64)
+        position = torch.arange(1, bits.numel() + 1, device=bits.device) % 65521
+        # int64 arithmetic wraps around on overflow, which is fine for a checksum.
+        total = total * 1_000_003 + (bits * position).sum().cpu()
+    return int(total)
+
+
+def check_replicas(model: torch.nn.Module) -> list[int]:
+    """Every rank's parameter fingerprint; DDP must keep the replicas bitwise identical."""
+    fingerprints = all_gather_object(param_fingerprint(model))
+    if len(set(fingerprints)) > 1:
+        raise RuntimeError(f"replicas diverged: parameter fingerprints by rank {fingerprints}")
+    return fingerprints
