@@ -87,6 +87,9 @@ def new(
             help="Allow a template to run its own commands (copier tasks, migrations); review it first."
         ),
     ] = False,
+    git: Annotated[
+        bool, typer.Option("--git", help="Also run git init and commit the project (updates need git).")
+    ] = False,
 ) -> None:
     """Create a new training project in ./NAME by answering the template's questions."""
     from generator import questions, render, templates
@@ -104,7 +107,9 @@ def new(
             raise GeneratorError("set the project name as NAME, not with --data project_name=...")
         answers["project_name"] = name
         target = (dest or Path(name)).expanduser().absolute()
-        render.render(src, target, answers, defaults=defaults, force=force, trust=trust, vcs_ref=vcs_ref)
+        render.render(
+            src, target, answers, defaults=defaults, force=force, trust=trust, vcs_ref=vcs_ref, git=git
+        )
     except GeneratorError as error:
         raise _fail(error) from None
     except KeyboardInterrupt:

@@ -75,6 +75,7 @@ def render(
     force: bool,
     trust: bool = False,
     vcs_ref: str | None = None,
+    git: bool = False,
 ) -> None:
     """Render `src` into `target`; on any failure nothing is left at or beside `target`."""
     check_target(target, force)
@@ -84,6 +85,8 @@ def render(
         raise GeneratorError(f"cannot write to {target.parent}: {error.strerror}") from None
     try:
         _run_copy(src, tmp, data, defaults=defaults, trust=trust, vcs_ref=vcs_ref)
+        if git:
+            _git_commit(tmp)
         _move_into_place(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -135,6 +138,20 @@ def _run_copy(
         raise GeneratorError(
             f"the template failed to render: {type(error).__name__}: {error}", exit_code=EXIT_FAILED
         ) from None
+
+
+def _git_commit(project: Path) -> None:
+    """Make the rendered project a git repository with one commit: updates need a clean work tree."""
+    import subprocess
+
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "Initial commit"]):
+        try:
+            proc = subprocess.run(["git", *args], cwd=project, capture_output=True, text=True)
+        except FileNotFoundError:
+            raise GeneratorError("--git needs git, which is not installed", exit_code=EXIT_FAILED) from None
+        if proc.returncode != 0:
+            detail = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+            raise GeneratorError(f"git {args[0]} failed: {detail}", exit_code=EXIT_FAILED)
 
 
 def _move_into_place(tmp: Path, target: Path) -> None:

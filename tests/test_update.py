@@ -158,10 +158,9 @@ def test_not_a_project_is_refused(tmp_path: Path) -> None:
 
 
 def test_update_with_changed_answer_adds_its_files(template_repo: Path, tmp_path: Path) -> None:
-    sh([*DDP_NEW, "demo", "-y", "--template", template_repo, "--data", "launchers=local"], tmp_path)
+    sh([*DDP_NEW, "demo", "-y", "--git", "--template", template_repo, "--data", "launchers=local"], tmp_path)
     project = tmp_path / "demo"
-    git(project, "init", "-q", "-b", "main")
-    commit_all(project, "Render with one launcher")
+    assert changed_paths(project) == set()  # --git committed everything
     assert not (project / "scripts" / "train_slurm.sbatch").exists()
     proc = sh([*DDP_NEW, "update", project, "--data", "launchers=local,slurm"], tmp_path)
     assert (project / "scripts" / "train_slurm.sbatch").is_file()
