@@ -80,7 +80,9 @@ def free_port() -> int:
 def start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     """Start cmd in its own process group, output to log."""
     with log.open("w") as out:
-        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def finish(proc: subprocess.Popen, log: Path, timeout: float = TIMEOUT) -> int:
@@ -128,6 +130,7 @@ def test_shell_syntax(path: Path) -> None:
         assert result.returncode == 0, result.stdout
 
 
+@pytest.mark.slow
 def test_train_local_two_processes(tmp_path: Path) -> None:
     script = require("train_local.sh")
     out, log = tmp_path / "run", tmp_path / "local.log"
@@ -136,6 +139,7 @@ def test_train_local_two_processes(tmp_path: Path) -> None:
     assert_finished(out, 4)
 
 
+@pytest.mark.slow
 def test_train_multinode_two_nodes_on_localhost(tmp_path: Path) -> None:
     script = require("train_multinode.sh")
     out = tmp_path / "run"
@@ -143,7 +147,9 @@ def test_train_multinode_two_nodes_on_localhost(tmp_path: Path) -> None:
     common.update(MASTER_PORT=str(free_port()), RDZV_ID="test")
     logs = [tmp_path / f"node{rank}.log" for rank in (0, 1)]
     procs = [
-        start(["bash", str(script), *tiny_run(out, 4)], script_env(NODE_RANK=str(rank), **common), log)
+        start(
+            ["bash", str(script), *tiny_run(out, 4)], script_env(NODE_RANK=str(rank), **common), log
+        )
         for rank, log in zip((0, 1), logs, strict=True)
     ]
     codes = [finish(proc, log) for proc, log in zip(procs, logs, strict=True)]
@@ -174,6 +180,7 @@ def slurm_env(tmp_path: Path) -> dict[str, str]:
     )
 
 
+@pytest.mark.slow
 def test_train_slurm_two_nodes(tmp_path: Path) -> None:
     script = require("train_slurm.sbatch")
     out, log = tmp_path / "run", tmp_path / "job.log"
@@ -183,6 +190,7 @@ def test_train_slurm_two_nodes(tmp_path: Path) -> None:
     assert not (tmp_path / "slurm" / "scontrol.log").exists()  # finished: not requeued
 
 
+@pytest.mark.slow
 def test_train_slurm_time_limit_requeues_and_resumes(tmp_path: Path) -> None:
     script = require("train_slurm.sbatch")
     out, env = tmp_path / "run", slurm_env(tmp_path)
