@@ -228,6 +228,9 @@ def options(
 
 
 def main() -> None:
+    from generator.templates import refresh_link
+
+    refresh_link()
     app(prog_name="ddp-new")
 
 

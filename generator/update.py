@@ -7,6 +7,7 @@ history, and reporting conflicts (copier exits 0 even when it leaves conflict ma
 
 from __future__ import annotations
 
+import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from generator.errors import EXIT_FAILED, EXIT_USAGE, GeneratorError
 from generator.templates import LINK, packaged_bundle, point_link_at, version_tags
 
 ANSWERS = ".copier-answers.yml"
-MARKER = "<<<<<<< before updating"
+MARKER = re.compile(r"^<<<<<<< before updating$", re.MULTILINE)  # copier's inline conflict
 
 
 @dataclass
@@ -145,6 +146,6 @@ def _report(project: Path, old_version: str) -> UpdateReport:
 
 def _has_marker(path: Path) -> bool:
     try:
-        return MARKER in path.read_text(encoding="utf-8", errors="ignore")
+        return bool(MARKER.search(path.read_text(encoding="utf-8", errors="ignore")))
     except (IsADirectoryError, FileNotFoundError):
         return False

@@ -208,8 +208,7 @@ def test_bundled_upgrade_on_a_fresh_machine(template_repo: Path, tmp_path: Path)
 
     # Alice upgrades ddp-new: the link now leads to the new bundle, plain copier sees v0.2.0.
     sh([*DDP_NEW, "--version"], tmp_path, HOME=str(alice), DDP_NEW_BUNDLE=str(bundle_b))
-    sh([*DDP_NEW, "options"], tmp_path, HOME=str(alice), DDP_NEW_BUNDLE=str(bundle_b))
-    sh([*DDP_NEW, "update", project], tmp_path, HOME=str(alice), DDP_NEW_BUNDLE=str(bundle_b))
+    sh([*COPIER, "update", "--defaults"], project, HOME=str(alice))
     assert (project / "notes.txt").read_text() == NOTES_V2
 
     # Bob has only ddp-new 0.2.0 and an empty home: ddp-new update still finds v0.1.0 in its bundle.
