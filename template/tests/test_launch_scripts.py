@@ -140,6 +140,21 @@ def test_train_local_two_processes(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_train_local_sigterm_saves_and_exits_143(tmp_path: Path) -> None:
+    script = require("train_local.sh")
+    out, log = tmp_path / "run", tmp_path / "local.log"
+    # Far more steps than the test waits for; only SIGTERM writes a checkpoint (--ckpt-every=0).
+    cmd = ["bash", str(script), *tiny_run(out, 1_000_000), "--ckpt-every=0"]
+    proc = start(cmd, script_env(NPROC="2"), log)
+    wait_for_steps(proc, out, 3, log)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert finish(proc, log) == 143, log.read_text()
+    stopped_at = logged_steps(out)[-1]
+    saved = sorted(path.name for path in (out / "checkpoints").glob("step_*.pt"))
+    assert saved == [f"step_{stopped_at:08d}.pt"], log.read_text()
+
+
+@pytest.mark.slow
 def test_train_multinode_two_nodes_on_localhost(tmp_path: Path) -> None:
     script = require("train_multinode.sh")
     out = tmp_path / "run"
