@@ -1,0 +1,224 @@
+"""The hand-written contenders: one training loop per framework, on the benchmark workload.
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 -m bench.loops \
+        --contender reference --max-steps 111 --warmup 10 --timed 100
+
+Contenders (all train the same MLP on the same synthetic data with AdamW, per-rank batch B,
+A micro-steps per optimizer step, loss / A per micro-step; nothing else: no clipping, no
+schedule, no logging, no checkpoints):
+
+- reference:  DistributedSampler + DDP + `no_sync()` on all micro-steps but the last.
+- allreduce:  the same loop without no_sync: DDP all-reduces after every micro-step, the way
+              most tutorials accumulate.
+- accelerate: Hugging Face Accelerate, Accelerator(gradient_accumulation_steps=A) and
+              `with accelerator.accumulate(model)`, prepare()d model/optimizer/loader.
+- fabric:     Lightning Fabric, strategy="ddp", `fabric.no_backward_sync()` on all micro-steps
+              but the last.
+
+Each prints one result line (see bench.timing) on rank 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from .timing import StepClock, emit
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--contender", required=True, choices=["reference", "allreduce", "accelerate", "fabric"])
+    p.add_argument("--num-samples", type=int, default=8192)
+    p.add_argument("--input-dim", type=int, default=256)
+    p.add_argument("--hidden-dim", type=int, default=1024)
+    p.add_argument("--depth", type=int, default=3)
+    p.add_argument("--num-classes", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=32, help="per rank per micro-step")
+    p.add_argument("--grad-accum-steps", type=int, default=4)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--max-steps", type=int, default=111, help="optimizer steps")
+    p.add_argument("--warmup", type=int, default=10, help="optimizer steps before the window")
+    p.add_argument("--timed", type=int, default=100, help="optimizer steps in the window")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (reference/allreduce only)")
+    p.add_argument("--precision", default="fp32", choices=list(DTYPES))
+    return p
+
+
+def make_dataset(num: int, input_dim: int, num_classes: int, seed: int) -> TensorDataset:
+    """Gaussian inputs labelled by a random teacher network, as the generated project does."""
+    g = torch.Generator().manual_seed(seed)
+    w1 = torch.randn(input_dim, 64, generator=g) / input_dim**0.5
+    w2 = torch.randn(64, num_classes, generator=g) / 8.0
+    inputs = torch.randn(num, input_dim, generator=torch.Generator().manual_seed(seed + 1))
+    labels = (torch.tanh(inputs @ w1) @ w2).argmax(dim=1)
+    return TensorDataset(inputs, labels)
+
+
+def make_model(args: argparse.Namespace) -> nn.Module:
+    """depth x (Linear + GELU), then Linear: the generated project's MLP."""
+    layers: list[nn.Module] = []
+    width = args.input_dim
+    for _ in range(args.depth):
+        layers += [nn.Linear(width, args.hidden_dim), nn.GELU()]
+        width = args.hidden_dim
+    layers.append(nn.Linear(width, args.num_classes))
+    return nn.Sequential(*layers)
+
+
+def epochs(loader: DataLoader, sampler: DistributedSampler | None):
+    """Micro-batches forever, a new shuffle each epoch."""
+    epoch = 0
+    while True:
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def drain_and_destroy() -> None:
+    """gloo teardown on torch 2.13 can abort at exit; end with barriers (see DESIGN.md)."""
+    if dist.is_initialized():
+        for _ in range(2):
+            time.sleep(0.05)
+            dist.barrier()
+        time.sleep(0.05)
+        dist.destroy_process_group()
+
+
+def run_ddp(args: argparse.Namespace, use_no_sync: bool) -> None:
+    """The reference loop (use_no_sync=True) and the all-reduce-every-micro-step loop."""
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", int(__import__("os").environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    world = dist.get_world_size()
+    torch.manual_seed(args.seed)
+    dataset = make_dataset(args.num_samples, args.input_dim, args.num_classes, args.seed)
+    sampler = DistributedSampler(dataset, shuffle=True, seed=args.seed, drop_last=True)
+    loader = DataLoader(
+        dataset,
+        batch_size=args.batch_size,
+        sampler=sampler,
+        drop_last=True,
+        pin_memory=device.type == "cuda",
+    )
+    model = make_model(args).to(device)
+    ddp = nn.parallel.DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None
+    )
+    fused = device.type == "cuda"  # the fastest AdamW on GPUs; the default elsewhere
+    optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=0.01, fused=fused)
+    amp = torch.autocast(device.type, dtype=DTYPES[args.precision], enabled=args.precision != "fp32")
+    scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")
+    clock = StepClock()
+    batches = epochs(loader, sampler)
+    accum = args.grad_accum_steps
+    for _ in range(args.max_steps):
+        for micro in range(accum):
+            inputs, labels = next(batches)
+            inputs = inputs.to(device, non_blocking=True)
+            labels = labels.to(device, non_blocking=True)
+            skip_sync = use_no_sync and micro < accum - 1
+            with ddp.no_sync() if skip_sync else contextlib.nullcontext():
+                with amp:
+                    loss = F.cross_entropy(ddp(inputs), labels)
+                scaler.scale(loss / accum).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    result = clock.result(args.warmup, args.timed, args.batch_size * accum * world)
+    emit({"contender": args.contender, "final_loss": float(loss), **result})
+    drain_and_destroy()
+
+
+def run_accelerate(args: argparse.Namespace) -> None:
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(gradient_accumulation_steps=args.grad_accum_steps, cpu=True)
+    torch.manual_seed(args.seed)
+    dataset = make_dataset(args.num_samples, args.input_dim, args.num_classes, args.seed)
+    # Accelerate shards a plain DataLoader itself (batch_size stays per process).
+    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, drop_last=True)
+    model = make_model(args)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    clock = StepClock()
+    batches = epochs(loader, None)
+    for _ in range(args.max_steps * args.grad_accum_steps):
+        inputs, labels = next(batches)
+        # accumulate() skips the gradient sync and optimizer.step() until the A-th micro-step,
+        # and accelerator.backward() divides the loss by A.
+        with accelerator.accumulate(model):
+            loss = F.cross_entropy(model(inputs), labels)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    world = accelerator.num_processes
+    result = clock.result(args.warmup, args.timed, args.batch_size * args.grad_accum_steps * world)
+    emit({"contender": args.contender, "final_loss": float(loss), **result})
+    drain_and_destroy()
+
+
+def run_fabric(args: argparse.Namespace) -> None:
+    import os
+
+    from lightning.fabric import Fabric
+
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    fabric = Fabric(accelerator="cpu", devices=world, strategy="ddp", precision="32-true")
+    fabric.launch()  # under torchrun: joins the existing processes
+    torch.manual_seed(args.seed)
+    dataset = make_dataset(args.num_samples, args.input_dim, args.num_classes, args.seed)
+    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, drop_last=True)
+    model = make_model(args)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    model, optimizer = fabric.setup(model, optimizer)
+    loader = fabric.setup_dataloaders(loader)  # swaps in a DistributedSampler
+    clock = StepClock()
+    batches = epochs(loader, None)  # Fabric's loader calls set_epoch itself
+    accum = args.grad_accum_steps
+    for _ in range(args.max_steps):
+        for micro in range(accum):
+            inputs, labels = next(batches)
+            with fabric.no_backward_sync(model, enabled=micro < accum - 1):
+                loss = F.cross_entropy(model(inputs), labels)
+                fabric.backward(loss / accum)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    result = clock.result(args.warmup, args.timed, args.batch_size * accum * fabric.world_size)
+    emit({"contender": args.contender, "final_loss": float(loss), **result})
+    drain_and_destroy()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.warmup < 1 or args.warmup + args.timed > args.max_steps:
+        raise SystemExit("need 1 <= --warmup and --warmup + --timed <= --max-steps")
+    if args.contender in ("accelerate", "fabric") and (args.device != "cpu" or args.precision != "fp32"):
+        raise SystemExit(f"{args.contender}: this benchmark runs it on CPU in fp32 only")
+    if args.contender == "reference":
+        run_ddp(args, use_no_sync=True)
+    elif args.contender == "allreduce":
+        run_ddp(args, use_no_sync=False)
+    elif args.contender == "accelerate":
+        run_accelerate(args)
+    else:
+        run_fabric(args)
+
+
+if __name__ == "__main__":
+    main()

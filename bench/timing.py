@@ -1,0 +1,75 @@
+"""One clock for every contender: a global optimizer-step hook, and the result line.
+
+Every contender (the generated trainer included, unmodified) runs with `StepClock` installed.
+It is a global `torch.optim` step post-hook, so it sees each real optimizer update no matter
+which wrapper (DDP loop, Accelerate's AcceleratedOptimizer, Fabric's _FabricOptimizer) called
+it. Only updates of the plain optimizer class are counted (wrappers that subclass Optimizer
+would otherwise count twice).
+
+Timed window: from the end of optimizer step `warmup` to the end of step `warmup + timed`.
+It holds exactly `timed` optimizer steps, each with everything the loop does around it: data
+loading, forward/backward, all-reduce, the update, and logging, evaluation and checkpoints
+at their configured intervals. The first `warmup` steps (allocator, thread pools, first-epoch
+effects) and anything after the window (a trainer's final eval and checkpoint) are excluded.
+Throughput = timed x global batch / window seconds, on rank 0 (ranks are in lock step: every
+step ends with a collective).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+RESULT_PREFIX = "BENCH_RESULT "
+
+
+class StepClock:
+    def __init__(self, optimizer_type: type = torch.optim.AdamW) -> None:
+        self.optimizer_type = optimizer_type
+        self.times: list[float] = []
+        self._handle = register_optimizer_step_post_hook(self._hook)
+
+    def _hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if type(optimizer) is self.optimizer_type:
+            self.times.append(time.perf_counter())
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+    def result(self, warmup: int, timed: int, global_batch: int) -> dict[str, Any]:
+        """Samples/s over the window; raises if the contender did not make enough steps."""
+        if len(self.times) < warmup + timed:
+            raise RuntimeError(
+                f"saw {len(self.times)} optimizer steps, need warm-up {warmup} + timed {timed}"
+            )
+        seconds = self.times[warmup + timed - 1] - self.times[warmup - 1]
+        return {
+            "samples_per_sec": timed * global_batch / seconds,
+            "window_s": seconds,
+            "timed_steps": timed,
+            "warmup_steps": warmup,
+            "optimizer_steps_seen": len(self.times),
+            "global_batch": global_batch,
+            "threads": torch.get_num_threads(),
+            "world_size": int(os.environ.get("WORLD_SIZE", 1)),
+        }
+
+
+def emit(record: dict[str, Any]) -> None:
+    """Print the result line the driver parses (rank 0 only)."""
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(RESULT_PREFIX + json.dumps(record), flush=True)
+
+
+def parse(stdout: str) -> dict[str, Any] | None:
+    """The last result line in a contender's output, or None."""
+    found = None
+    for line in stdout.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            found = json.loads(line[len(RESULT_PREFIX) :])
+    return found
