@@ -228,7 +228,10 @@ def test_plain_copier_update_after_upgrade(template_repo: Path, tmp_path: Path) 
     commit_all(project, "Render")
     # The upgrade replaces the installed bundle in place; the link keeps pointing at that path.
     make_bundle(template_repo, "v0.2.0", tmp_path / "b.bundle")
+    check = [*COPIER, "check-update", "--quiet"]  # the generated CI's step
+    assert sh(check, project, HOME=str(home)).returncode == 0
     shutil.copy2(tmp_path / "b.bundle", bundle_a)
+    assert sh(check, project, check=False, HOME=str(home)).returncode == 2  # a newer version
     sh([*COPIER, "update", "--defaults"], project, HOME=str(home))
     assert (project / "notes.txt").read_text() == NOTES_V2
     assert (project / "new.txt").is_file()
