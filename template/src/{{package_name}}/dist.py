@@ -1,4 +1,4 @@
-"""Process-group setup, teardown, and the few collectives the training loop needs.
+"""Process-group setup and teardown, SIGTERM handling, and the collectives training needs.
 
 torchrun starts one process per GPU and tells each one who it is through environment
 variables: RANK (index among all processes), LOCAL_RANK (index on this node, which is the
@@ -13,10 +13,11 @@ to dump the NCCL flight recorder when --dist-timeout expires.
 
 import hashlib
 import os
+import signal
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Self
 
 import torch
 import torch.distributed as torch_dist
@@ -57,6 +58,16 @@ def pick_device(name: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+def check_precision(precision: str, device: torch.device) -> None:
+    """bf16 needs Ampere (compute capability 8.0) or newer; older GPUs would emulate it slowly."""
+    if precision == "bf16" and device.type == "cuda":
+        if torch.cuda.get_device_capability(device) < (8, 0):
+            raise ConfigError(
+                "--precision bf16 needs a GPU with bf16 support (Ampere or newer);"
+                " use --precision fp16 or fp32"
+            )
+
+
 def setup(env: DistEnv, device: torch.device, timeout_s: int) -> None:
     """Create the process group: nccl for GPUs, gloo for CPUs."""
     timeout = timedelta(seconds=timeout_s)
@@ -91,6 +102,27 @@ def _store(env: DistEnv, timeout: timedelta) -> torch_dist.Store | None:
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         return torch_dist.PrefixStore(f"attempt_{attempt}", store)
     return None
+
+
+class Preemption:
+    """While active, SIGTERM only sets `requested`.
+
+    SIGTERM is how SLURM, Kubernetes and torchrun ask a job to stop. Saving inside the handler
+    could interrupt a collective, and ranks would save at different steps; instead the loop
+    checks the flag (agreed over all ranks) at the end of each optimizer step.
+    """
+
+    requested = False
+
+    def __enter__(self) -> Self:
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        signal.signal(signal.SIGTERM, self._previous)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = True
 
 
 def cleanup(clean_exit: bool) -> None:
