@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import time
 
 import torch
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu or cuda (reference/allreduce only)")
     p.add_argument("--precision", default="fp32", choices=list(DTYPES))
+    p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers per rank")
     return p
 
 
@@ -86,6 +88,10 @@ def epochs(loader: DataLoader, sampler: DistributedSampler | None):
         epoch += 1
 
 
+def workers(args: argparse.Namespace) -> dict:
+    return {"num_workers": args.num_workers, "persistent_workers": args.num_workers > 0}
+
+
 def drain_and_destroy() -> None:
     """gloo teardown on torch 2.13 can abort at exit; end with barriers (see DESIGN.md)."""
     if dist.is_initialized():
@@ -100,7 +106,7 @@ def run_ddp(args: argparse.Namespace, use_no_sync: bool) -> None:
     """The reference loop (use_no_sync=True) and the all-reduce-every-micro-step loop."""
     device = torch.device(args.device)
     if device.type == "cuda":
-        device = torch.device("cuda", int(__import__("os").environ.get("LOCAL_RANK", 0)))
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     world = dist.get_world_size()
@@ -113,6 +119,7 @@ def run_ddp(args: argparse.Namespace, use_no_sync: bool) -> None:
         sampler=sampler,
         drop_last=True,
         pin_memory=device.type == "cuda",
+        **workers(args),
     )
     model = make_model(args).to(device)
     ddp = nn.parallel.DistributedDataParallel(
@@ -152,7 +159,7 @@ def run_accelerate(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
     dataset = make_dataset(args.num_samples, args.input_dim, args.num_classes, args.seed)
     # Accelerate shards a plain DataLoader itself (batch_size stays per process).
-    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, drop_last=True)
+    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, drop_last=True, **workers(args))
     model = make_model(args)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
@@ -174,8 +181,6 @@ def run_accelerate(args: argparse.Namespace) -> None:
 
 
 def run_fabric(args: argparse.Namespace) -> None:
-    import os
-
     from lightning.fabric import Fabric
 
     world = int(os.environ.get("WORLD_SIZE", 1))
@@ -183,7 +188,7 @@ def run_fabric(args: argparse.Namespace) -> None:
     fabric.launch()  # under torchrun: joins the existing processes
     torch.manual_seed(args.seed)
     dataset = make_dataset(args.num_samples, args.input_dim, args.num_classes, args.seed)
-    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, drop_last=True)
+    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, drop_last=True, **workers(args))
     model = make_model(args)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     model, optimizer = fabric.setup(model, optimizer)

@@ -1,0 +1,303 @@
+"""The machinery shared by `python -m bench` and `python -m bench.gpu`.
+
+A contender run is one torchrun launch (world size 1 or 2) that prints one result line
+(bench.timing). `run_rounds` runs every contender once per round, in the same order every
+round (A B C ... A B C ...), so slow drifts of the machine hit all contenders alike, and
+`summarize` reports medians and medians of per-round ratios. Each run also records how busy
+the machine was with other work while it ran (`foreign_cpu`: CPU time of processes that are
+not ours, as a share of all cores), so noisy runs can be spotted, waited out or repeated.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .generated import REPO
+from .timing import parse
+
+PACKAGE = "benchproj"  # the package name of the rendered project
+
+
+@dataclass
+class Workload:
+    input_dim: int = 256
+    hidden_dim: int = 1024
+    depth: int = 3
+    num_classes: int = 10
+    batch_size: int = 32  # per rank per micro-step
+    grad_accum_steps: int = 4
+    num_samples: int = 8192
+    warmup: int = 10  # optimizer steps excluded from timing
+    timed: int = 100  # optimizer steps timed; 100 holds one default eval + checkpoint
+    seed: int = 0
+    device: str = "cpu"
+    precision: str = "fp32"
+    num_workers: int = 0
+
+    @property
+    def max_steps(self) -> int:
+        return self.warmup + self.timed + 1  # the last step (final eval + checkpoint) is untimed
+
+    def params(self) -> int:
+        """Parameters of the MLP: depth hidden Linear layers and the output layer."""
+        dims = [self.input_dim] + [self.hidden_dim] * self.depth + [self.num_classes]
+        return sum(a * b + b for a, b in zip(dims, dims[1:], strict=False))
+
+    def common_flags(self) -> list[str]:
+        return [
+            f"--num-samples={self.num_samples}",
+            f"--input-dim={self.input_dim}",
+            f"--hidden-dim={self.hidden_dim}",
+            f"--depth={self.depth}",
+            f"--num-classes={self.num_classes}",
+            f"--batch-size={self.batch_size}",
+            f"--grad-accum-steps={self.grad_accum_steps}",
+            f"--max-steps={self.max_steps}",
+            f"--seed={self.seed}",
+            f"--device={self.device}",
+            f"--precision={self.precision}",
+            f"--num-workers={self.num_workers}",
+        ]
+
+
+def torchrun(world_size: int, module: str, args: list[str]) -> list[str]:
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    return [*run, f"--nproc-per-node={world_size}", "-m", module, *args]
+
+
+def command(contender: str, world_size: int, w: Workload, out_dir: Path) -> list[str]:
+    """The launch command of one contender run."""
+    if not contender.startswith("generated"):
+        timing = [f"--warmup={w.warmup}", f"--timed={w.timed}"]
+        return torchrun(world_size, "bench.loops", [f"--contender={contender}", *w.common_flags(), *timing])
+    trainer = [*w.common_flags(), "--resume=never"]
+    if contender == "generated-quiet":  # nothing inside the window: only the (untimed) last step
+        trainer += ["--log-every=1000000000", "--ckpt-every=0", "--eval-every=0"]
+    if contender == "generated-workers2":
+        trainer += ["--num-workers=2"]  # the later flag wins
+    runner = [
+        f"--package={PACKAGE}",
+        f"--label={contender}",
+        f"--warmup={w.warmup}",
+        f"--timed={w.timed}",
+        f"--global-batch={w.batch_size * w.grad_accum_steps * world_size}",
+        f"--out-dir={out_dir}",
+        "--",
+        *trainer,
+    ]
+    return torchrun(world_size, "bench.generated", runner)
+
+
+def _busy_seconds() -> float | None:
+    """CPU seconds all cores spent busy since boot (Linux /proc/stat), or None elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _our_seconds() -> float:
+    """CPU seconds of this process and its finished children (torchrun and its workers)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def foreign_load(seconds: float) -> float | None:
+    """Share of all cores used by other processes during the next `seconds` (we stay idle)."""
+    busy0, ours0 = _busy_seconds(), _our_seconds()
+    time.sleep(seconds)
+    busy1, ours1 = _busy_seconds(), _our_seconds()
+    if busy0 is None or busy1 is None:
+        return None
+    return max(0.0, (busy1 - busy0) - (ours1 - ours0)) / (seconds * (os.cpu_count() or 1))
+
+
+def wait_quiet(max_wait: float, threshold: float = 0.1) -> float:
+    """Wait (at most max_wait s) for a second in which other processes use < threshold of the cores."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < max_wait:
+        load = foreign_load(1.0)
+        if load is None or load < threshold:
+            break
+    return time.perf_counter() - started
+
+
+def run_one(cmd: list[str], env: dict[str, str], timeout: float) -> dict[str, Any]:
+    """Run one contender; its result line plus wall time, exit status and foreign load."""
+    busy0, ours0 = _busy_seconds(), _our_seconds()
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    wall = time.perf_counter() - started
+    busy1, ours1 = _busy_seconds(), _our_seconds()
+    record: dict[str, Any] = {"exit_status": done.returncode, "wall_s": wall}
+    if busy0 is not None and busy1 is not None:
+        foreign = max(0.0, (busy1 - busy0) - (ours1 - ours0))
+        record["foreign_cpu"] = foreign / (wall * (os.cpu_count() or 1))
+    result = parse(done.stdout)
+    if result is None:
+        lines = done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["no output"]
+        record["error"] = f"exit {done.returncode}, no result: {lines[-1][-300:]}"
+        record["stderr_tail"] = done.stderr[-3000:]
+    else:
+        record.update(result)
+        if done.returncode != 0:  # e.g. a teardown abort after the result was printed
+            record["warning"] = f"exit status {done.returncode} after the result line"
+    return record
+
+
+def run_rounds(
+    contenders: list[str],
+    world_sizes: list[int],
+    repeats: int,
+    w: Workload,
+    env: dict[str, str],
+    work: Path,
+    timeout: float = 600,
+    wait_quiet_s: float = 0.0,
+    retry_above: float | None = None,
+    log: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
+    """Interleaved runs: for each round, each world size, each contender in order.
+
+    wait_quiet_s: before each run, wait up to this long for the machine to be idle.
+    retry_above: rerun (once) a run during which other processes used more than this share
+    of the cores, and keep the run with less foreign load.
+    """
+    runs = []
+    for rnd in range(repeats):
+        for ws in world_sizes:
+            for c in contenders:
+                out_dir = work / f"run-{rnd}-{ws}-{c}"
+                waited = wait_quiet(wait_quiet_s) if wait_quiet_s > 0 else 0.0
+                record = run_one(command(c, ws, w, out_dir), env, timeout)
+                foreign = record.get("foreign_cpu")
+                if retry_above is not None and foreign is not None and foreign > retry_above:
+                    log(f"  (other processes used {100 * foreign:.0f}% of the cores; running it again)")
+                    waited += wait_quiet(wait_quiet_s) if wait_quiet_s > 0 else 0.0
+                    again = run_one(command(c, ws, w, out_dir), env, timeout)
+                    if "error" not in again and again.get("foreign_cpu", 1.0) < foreign:
+                        record = again
+                record.update(round=rnd, world_size=ws, contender=c, waited_s=waited)
+                runs.append(record)
+                _rmtree(out_dir)
+                problem = "  " + record["error"] if "error" in record else ""
+                load = record.get("foreign_cpu")
+                log(
+                    f"round {rnd + 1}/{repeats} W={ws} {c:<18}"
+                    f"{fmt(record.get('samples_per_sec'), ',.0f'):>9} samples/s"
+                    f"  ({record.get('wall_s', 0):.1f} s, other load {fmt(pct(load), '.0f')}%){problem}"
+                )
+    return runs
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def median_or_none(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def sps(runs: list[dict[str, Any]], contender: str, ws: int, rnd: int) -> float | None:
+    for r in runs:
+        if (r["contender"], r["world_size"], r["round"]) == (contender, ws, rnd) and "error" not in r:
+            return r["samples_per_sec"]
+    return None
+
+
+def ratios(runs: list[dict[str, Any]], a: str, b: str, ws: int) -> list[float]:
+    """a / b for every round in which both ran at world size ws."""
+    rounds = sorted({r["round"] for r in runs})
+    pairs = [(sps(runs, a, ws, rnd), sps(runs, b, ws, rnd)) for rnd in rounds]
+    return [x / y for x, y in pairs if x and y]
+
+
+def summarize(runs: list[dict[str, Any]], contenders: list[str], world_sizes: list[int]) -> dict[str, Any]:
+    """Medians per contender and world size, and medians of per-round ratios."""
+    rounds = sorted({r["round"] for r in runs})
+    table: dict[str, Any] = {}
+    for ws in world_sizes:
+        rows = {}
+        for c in contenders:
+            values = [v for v in (sps(runs, c, ws, rnd) for rnd in rounds) if v]
+            rows[c] = {
+                "median_samples_per_sec": median_or_none(values),
+                "min": min(values) if values else None,
+                "max": max(values) if values else None,
+                "n": len(values),
+                "median_ratio_to_reference": median_or_none(ratios(runs, c, "reference", ws)),
+            }
+        ours = [r for r in runs if r["world_size"] == ws and r["contender"] in contenders]
+        data_wait = [r.get("self_data_wait_frac_median") for r in ours if r["contender"] == "generated"]
+        data_wait = [x for x in data_wait if x is not None]
+        table[str(ws)] = {
+            "contenders": rows,
+            "overhead_pct_defaults_vs_quiet": median_or_none(
+                [100 * (1 - x) for x in ratios(runs, "generated", "generated-quiet", ws)]
+            ),
+            "no_sync_gain": median_or_none(ratios(runs, "reference", "allreduce", ws)),
+            "generated_vs": {
+                other: median_or_none(ratios(runs, "generated", other, ws))
+                for other in ("accelerate", "fabric")
+                if other in contenders
+            },
+            "data_wait_frac_workers0": median_or_none(data_wait),
+            "foreign_cpu_median": median_or_none([r["foreign_cpu"] for r in ours if "foreign_cpu" in r]),
+        }
+    return table
+
+
+def fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def pct(x: float | None) -> float | None:
+    return None if x is None else 100 * x
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for dist_name in ("torch", "accelerate", "lightning", "copier"):
+        try:
+            out[dist_name] = importlib.metadata.version(dist_name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def git_state() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+    dirty = bool(git("status", "--porcelain", "copier.yml", "template", "bench"))
+    return {"commit": git("rev-parse", "HEAD"), "template_or_bench_modified": dirty}
+
+
+def environment(threads: int, project: Path) -> dict[str, str]:
+    """The contenders' environment: threads per process, and both the repo and the project importable."""
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(project / "src")]),
+        "PYTHONUNBUFFERED": "1",
+    }

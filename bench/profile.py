@@ -1,0 +1,264 @@
+"""Where the generated trainer's step time goes, and how long it waits for data.
+
+    python -m bench.profile                  # breakdown at W=1 and W=2, data wait at 0 and 2 workers
+    python -m bench.profile --py-spy         # also a py-spy sampling profile of a W=1 run
+
+1. Breakdown: the trainer runs unmodified, but the functions its loop calls (looked up by name at
+   call time) are wrapped with wall-clock timers: data loading, forward+backward, gradient
+   clipping, the per-step any-rank flag all-reduce, the optimizer and scheduler steps,
+   zero_grad, metrics, evaluation and checkpoints. On CPU every op is synchronous, so each
+   timer holds that component's real cost. Reported per optimizer step over the timed window,
+   with the calls that would block the host on a GPU (Tensor.item/tolist/__bool__/__float__).
+2. Data wait: the share of step time the trainer itself reports (metrics.jsonl data_wait_frac,
+   worst rank) at --num-workers 0 and 2.
+3. With --py-spy (pip install py-spy): the leaf functions holding the most samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .generated import REPO, read_metrics, render
+from .timing import StepClock, emit, parse
+
+PACKAGE = "benchproj"
+WORKLOAD = [
+    "--input-dim=256",
+    "--hidden-dim=1024",
+    "--depth=3",
+    "--num-classes=10",
+    "--batch-size=32",
+    "--grad-accum-steps=4",
+    "--device=cpu",
+    "--precision=fp32",
+    "--resume=never",
+]
+SYNC_METHODS = ("item", "tolist", "__bool__", "__float__", "__int__")
+
+
+class Timers:
+    """Wall time and call counts per component, counted only inside the timed window."""
+
+    def __init__(self, clock: StepClock, warmup: int, timed: int) -> None:
+        self.clock, self.warmup, self.timed = clock, warmup, timed
+        self.seconds: dict[str, float] = collections.defaultdict(float)
+        self.calls: dict[str, int] = collections.defaultdict(int)
+        self.syncs: dict[str, int] = collections.defaultdict(int)
+        self.depth = 0
+
+    def active(self) -> bool:
+        # Steps warmup+1 .. warmup+timed: after `warmup` optimizer steps, before the window ends.
+        return self.warmup <= len(self.clock.times) < self.warmup + self.timed
+
+    def wrap(self, owner: Any, attr: str, name: str, data_wait_from_result: bool = False) -> None:
+        original = getattr(owner, attr)
+
+        @functools.wraps(original)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if not self.active():
+                return original(*args, **kwargs)
+            started = time.perf_counter()
+            result = original(*args, **kwargs)
+            seconds = time.perf_counter() - started
+            if data_wait_from_result:  # forward_backward returns (loss, seconds waiting for data)
+                self.seconds["data (next(batches))"] += result[1]
+                seconds -= result[1]
+            self.seconds[name] += seconds
+            self.calls[name] += 1
+            return result
+
+        setattr(owner, attr, timed)
+
+    def count(self, owner: Any, attr: str, name: str) -> None:
+        """Count calls per caller (file:function), e.g. Tensor.item from AdamW's step counter."""
+        original = getattr(owner, attr)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if self.active():
+                caller = sys._getframe(1).f_code
+                where = f"{Path(caller.co_filename).parent.name}/{Path(caller.co_filename).name}"
+                self.syncs[f"{name} in {where}:{caller.co_name}"] += 1
+            return original(*args, **kwargs)
+
+        setattr(owner, attr, counted)
+
+
+def worker(args: argparse.Namespace) -> None:
+    """Inside torchrun: run the trainer with timers; rank 0 prints the breakdown."""
+    train = importlib.import_module(f"{args.package}.train")
+    pkg_dist = importlib.import_module(f"{args.package}.dist")
+    metrics = importlib.import_module(f"{args.package}.metrics")
+    checkpoint = importlib.import_module(f"{args.package}.checkpoint")
+    clock = StepClock()
+    t = Timers(clock, args.warmup, args.timed)
+    t.wrap(train, "forward_backward", "forward+backward (incl. DDP all-reduce)", data_wait_from_result=True)
+    t.wrap(torch.nn.utils, "clip_grad_norm_", "clip_grad_norm_")
+    t.wrap(pkg_dist, "any_rank", "any_rank flags (all-reduce MAX + tolist)")
+    t.wrap(torch.amp.GradScaler, "step", "optimizer step (AdamW via scaler.step)")
+    t.wrap(torch.amp.GradScaler, "update", "scaler.update")
+    t.wrap(torch.amp.GradScaler, "unscale_", "scaler.unscale_")
+    t.wrap(torch.optim.lr_scheduler.LambdaLR, "step", "scheduler.step")
+    t.wrap(torch.optim.Optimizer, "zero_grad", "zero_grad")
+    t.wrap(metrics, "reduce_metrics", "metrics: reduce_metrics (collectives)")
+    t.wrap(metrics.Logger, "log", "metrics: write + print")
+    t.wrap(train, "evaluate", "evaluate")
+    t.wrap(checkpoint, "build_state", "checkpoint: build_state")
+    t.wrap(checkpoint, "save", "checkpoint: save")
+    for method in SYNC_METHODS:
+        t.count(torch.Tensor, method, f"Tensor.{method}")
+    argv = [*WORKLOAD, f"--max-steps={args.warmup + args.timed + 1}", f"--out-dir={args.out_dir}"]
+    status = train.main([*argv, *args.extra])
+    if status != 0:
+        sys.exit(status)
+    res = clock.result(args.warmup, args.timed, 32 * 4 * int(os.environ.get("WORLD_SIZE", 1)))
+    step_ms = 1000 * res["window_s"] / args.timed
+    # The timers see steps warmup+1..warmup+timed; the window is the same number of steps,
+    # shifted by the part of a step after optimizer.step (close enough for shares).
+    parts = {k: 1000 * v / args.timed for k, v in t.seconds.items()}
+    parts["other (loop bookkeeping, Python)"] = step_ms - sum(parts.values())
+    calls = {k: v / args.timed for k, v in t.calls.items()}
+    syncs = {k: v / args.timed for k, v in t.syncs.items()}
+    emit(
+        {
+            "contender": "profile",
+            **res,
+            "step_ms": step_ms,
+            "ms_per_step": parts,
+            "calls_per_step": calls,
+            "host_syncs_per_step": syncs,
+        }
+    )
+
+
+def run_breakdown(project: Path, world_size: int, env: dict[str, str], warmup: int, timed: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench-prof-") as out:
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={world_size}", "-m", "bench.profile", "--worker",
+            f"--warmup={warmup}", f"--timed={timed}", f"--out-dir={out}",
+        ]  # fmt: skip
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+    result = parse(done.stdout)
+    if result is None:
+        raise RuntimeError(f"profile run failed: {done.stderr[-2000:]}")
+    return result
+
+
+def run_data_wait(world_size: int, workers: int, env: dict[str, str], warmup: int, timed: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench-dw-") as out:
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={world_size}", "-m", f"{PACKAGE}.train", *WORKLOAD,
+            f"--max-steps={warmup + timed + 1}", f"--num-workers={workers}", f"--out-dir={out}",
+        ]  # fmt: skip
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+        if done.returncode != 0:
+            raise RuntimeError(f"data-wait run failed: {done.stderr[-2000:]}")
+        return read_metrics(Path(out), warmup, warmup + timed)
+
+
+def run_py_spy(project: Path, env: dict[str, str], steps: int, top: int) -> list[tuple[str, float]]:
+    """Leaf functions by share of samples in a W=1 run (py-spy record, raw collapsed stacks)."""
+    if shutil.which("py-spy") is None:
+        raise RuntimeError("py-spy is not installed (pip install py-spy)")
+    with tempfile.TemporaryDirectory(prefix="bench-spy-") as out:
+        raw = Path(out) / "profile.txt"
+        cmd = [
+            "py-spy", "record", "--format", "raw", "--rate", "200", "--native", "-o", str(raw), "--",
+            sys.executable, "-m", f"{PACKAGE}.train", *WORKLOAD, f"--max-steps={steps}",
+            f"--out-dir={out}/run",
+        ]  # fmt: skip
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+        if done.returncode != 0 or not raw.exists():
+            raise RuntimeError(f"py-spy failed (it needs ptrace permission): {done.stderr[-1000:]}")
+        leaves: collections.Counter[str] = collections.Counter()
+        total = 0
+        for line in raw.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            frames = stack.split(";")
+            # Only the training loop: samples under train(), attributed to their innermost frame.
+            if not any(f.startswith("train (") for f in frames):
+                continue
+            leaves[frames[-1]] += int(count)
+            total += int(count)
+    return [(frame, n / total) for frame, n in leaves.most_common(top)]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--package", default=PACKAGE, help=argparse.SUPPRESS)
+    p.add_argument("--out-dir", help=argparse.SUPPRESS)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--timed", type=int, default=100)
+    p.add_argument("--world-sizes", default="1,2")
+    p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS per process")
+    p.add_argument("--py-spy", action="store_true", help="also sample a W=1 run with py-spy")
+    p.add_argument("--json", type=Path)
+    p.add_argument("extra", nargs="*", help="extra trainer flags (worker only)")
+    args = p.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    work = Path(tempfile.mkdtemp(prefix="bench-profile-"))
+    try:
+        project = work / "project"
+        render(project, PACKAGE)
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": str(args.threads),
+            "MKL_NUM_THREADS": str(args.threads),
+            "PYTHONPATH": os.pathsep.join([str(REPO), str(project / "src")]),
+        }
+        report: dict[str, Any] = {"breakdown": {}, "data_wait": {}, "threads_per_process": args.threads}
+        for ws in [int(x) for x in args.world_sizes.split(",")]:
+            b = run_breakdown(project, ws, env, args.warmup, args.timed)
+            report["breakdown"][str(ws)] = b
+            print(
+                f"\nW={ws}: {b['step_ms']:.2f} ms per optimizer step ({b['samples_per_sec']:,.0f} samples/s)"
+            )
+            for name, ms in sorted(b["ms_per_step"].items(), key=lambda kv: -kv[1]):
+                calls = b["calls_per_step"].get(name)
+                shown = f"{calls:.2f} calls/step" if calls is not None else ""
+                print(f"  {name:<45}{ms:>8.3f} ms {100 * ms / b['step_ms']:>6.1f}%  {shown}")
+            print("  calls that read a tensor's value on the host (a GPU sync for GPU tensors), per step:")
+            for name, per_step in sorted(b["host_syncs_per_step"].items(), key=lambda kv: -kv[1]):
+                print(f"    {per_step:6.2f}  {name}")
+            for workers in (0, 2):
+                d = run_data_wait(ws, workers, env, args.warmup, args.timed)
+                report["data_wait"][f"W={ws} workers={workers}"] = d
+                frac, sps = d.get("self_data_wait_frac_median"), d.get("self_samples_per_sec_median")
+                print(
+                    f"  --num-workers {workers}: data wait {100 * frac:.1f}% of step time,"
+                    f" trainer-reported {sps:,.0f} samples/s (median of its metrics lines)"
+                )
+        if args.py_spy:
+            leaves = run_py_spy(project, env, args.warmup + args.timed + 1, 25)
+            report["py_spy_leaves"] = leaves
+            print("\npy-spy, W=1, innermost frames under train() by share of samples:")
+            for frame, share in leaves:
+                print(f"  {100 * share:5.1f}%  {frame}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    path = args.json or REPO / "bench" / "results" / f"profile-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
+    print(f"\nresults: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""Smoke test of the benchmark harness (`python -m bench`): it runs and reports every contender.
+
+No speed assertions here: figures belong to `python -m bench`, not to timed tests.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_bench_quick_reports_every_installed_contender(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    cmd = [
+        sys.executable, "-m", "bench", "--quick", "--tiny", "--repeats", "1", "--warmup", "1",
+        "--timed", "3", "--world-sizes", "2", "--no-startup", "--no-data-wait", "--json", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert str(out) in done.stdout  # the results path is printed
+
+    result = json.loads(out.read_text())
+    expected = {"reference", "generated", "generated-quiet", "allreduce"}
+    optional = {"accelerate": "accelerate", "fabric": "lightning"}
+    expected |= {c for c, module in optional.items() if importlib.util.find_spec(module) is not None}
+    assert set(result["contenders"]) == expected
+    assert set(result["skipped"]) == set(optional) - expected
+    for contender in expected:
+        row = result["summary"]["2"]["contenders"][contender]
+        assert row["n"] == 1, contender
+        rate = row["median_samples_per_sec"]
+        assert rate is not None and math.isfinite(rate) and rate > 0, (contender, rate)
+    runs = [r for r in result["runs"] if r["contender"] in expected]
+    assert all(r["optimizer_steps_seen"] == r["warmup_steps"] + r["timed_steps"] + 1 for r in runs)
+    assert all(r["world_size"] == 2 and r["global_batch"] == 32 * 4 * 2 for r in runs)
