@@ -35,6 +35,8 @@ from .config import ConfigError, TrainConfig, flag
 RUN_ONLY = {"out_dir", "resume", "ckpt_every", "keep_last", "log_every", "eval_every"}
 RUN_ONLY |= {"num_workers", "device", "dist_timeout", "detect_anomaly"}
 BATCH_LAYOUT = {"batch_size", "grad_accum_steps", "global_batch_size"}
+REQUIRED = {"model", "optimizer", "scheduler", "scaler", "step", "epoch", "position", "rng"}
+REQUIRED |= {"config", "world_size"}
 
 
 @dataclass
@@ -127,17 +129,21 @@ def find_resume(cfg: TrainConfig, world_size: int, device: torch.device) -> dict
     else:
         directory = path / "checkpoints" if (path / "checkpoints").is_dir() else path
         candidates = list_checkpoints(directory)
+    problem = "none found"
     for candidate in candidates:
         try:
             state = load(candidate, device)
+            if not REQUIRED <= state.keys():
+                raise ValueError(f"missing {sorted(REQUIRED - state.keys())}")
         except Exception as err:  # truncated, corrupt or not a checkpoint: try an older one
-            dist.print0(f"warning: cannot read checkpoint {candidate} ({err}); trying older ones")
+            problem = f"{candidate}: {str(err).strip().splitlines()[0]}"
+            dist.print0(f"warning: cannot read checkpoint {problem}; trying older ones")
             continue
         check_compatible(state, cfg, world_size, candidate)
         dist.print0(f"resuming from {candidate} (step {state['step']})")
         return state
     if explicit:
-        raise ConfigError(f"--resume {cfg.resume}: no readable checkpoint there")
+        raise ConfigError(f"--resume {cfg.resume}: no readable checkpoint ({problem})")
     if candidates:
         dist.print0(f"warning: no readable checkpoint in {path}; starting from scratch")
     return None
