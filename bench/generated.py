@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import patches
 from .timing import StepClock, emit
 
 REPO = Path(__file__).resolve().parent.parent
@@ -70,14 +71,16 @@ def main() -> None:
     parser.add_argument("--timed", type=int, required=True)
     parser.add_argument("--global-batch", type=int, required=True)
     parser.add_argument("--out-dir", type=Path, required=True, help="the trainer's --out-dir")
+    parser.add_argument("--patch", action="append", default=[], help="a what-if of bench/patches.py")
     parser.add_argument("trainer_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     argv = args.trainer_args[1:] if args.trainer_args[:1] == ["--"] else args.trainer_args
+    patches.apply(args.patch, args.package)
     train = importlib.import_module(f"{args.package}.train")
-    clock = StepClock()
+    clock = StepClock(args.warmup, args.timed)
     status = train.main([*argv, "--out-dir", str(args.out_dir)])
     if status == 0:
-        record = {"contender": args.label, **clock.result(args.warmup, args.timed, args.global_batch)}
+        record = {"contender": args.label, **clock.result(args.global_batch)}
         record.update(read_metrics(args.out_dir, args.warmup, args.warmup + args.timed))
         emit(record)
     sys.exit(status)

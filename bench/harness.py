@@ -81,10 +81,11 @@ def command(contender: str, world_size: int, w: Workload, out_dir: Path) -> list
     if not contender.startswith("generated"):
         timing = [f"--warmup={w.warmup}", f"--timed={w.timed}"]
         return torchrun(world_size, "bench.loops", [f"--contender={contender}", *w.common_flags(), *timing])
+    base, *patch_names = contender.split("+")  # e.g. generated-quiet+fused_adamw: a what-if
     trainer = [*w.common_flags(), "--resume=never"]
-    if contender == "generated-quiet":  # nothing inside the window: only the (untimed) last step
+    if base == "generated-quiet":  # nothing inside the window: only the (untimed) last step
         trainer += ["--log-every=1000000000", "--ckpt-every=0", "--eval-every=0"]
-    if contender == "generated-workers2":
+    if base == "generated-workers2":
         trainer += ["--num-workers=2"]  # the later flag wins
     runner = [
         f"--package={PACKAGE}",
@@ -93,6 +94,7 @@ def command(contender: str, world_size: int, w: Workload, out_dir: Path) -> list
         f"--timed={w.timed}",
         f"--global-batch={w.batch_size * w.grad_accum_steps * world_size}",
         f"--out-dir={out_dir}",
+        *[f"--patch={name}" for name in patch_names],
         "--",
         *trainer,
     ]

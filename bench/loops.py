@@ -129,7 +129,7 @@ def run_ddp(args: argparse.Namespace, use_no_sync: bool) -> None:
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=0.01, fused=fused)
     amp = torch.autocast(device.type, dtype=DTYPES[args.precision], enabled=args.precision != "fp32")
     scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")
-    clock = StepClock()
+    clock = StepClock(args.warmup, args.timed)
     batches = epochs(loader, sampler)
     accum = args.grad_accum_steps
     for _ in range(args.max_steps):
@@ -145,9 +145,7 @@ def run_ddp(args: argparse.Namespace, use_no_sync: bool) -> None:
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    result = clock.result(args.warmup, args.timed, args.batch_size * accum * world)
+    result = clock.result(args.batch_size * accum * world)
     emit({"contender": args.contender, "final_loss": float(loss), **result})
     drain_and_destroy()
 
@@ -163,7 +161,7 @@ def run_accelerate(args: argparse.Namespace) -> None:
     model = make_model(args)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    clock = StepClock()
+    clock = StepClock(args.warmup, args.timed)
     batches = epochs(loader, None)
     for _ in range(args.max_steps * args.grad_accum_steps):
         inputs, labels = next(batches)
@@ -175,7 +173,7 @@ def run_accelerate(args: argparse.Namespace) -> None:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     world = accelerator.num_processes
-    result = clock.result(args.warmup, args.timed, args.batch_size * args.grad_accum_steps * world)
+    result = clock.result(args.batch_size * args.grad_accum_steps * world)
     emit({"contender": args.contender, "final_loss": float(loss), **result})
     drain_and_destroy()
 
@@ -193,7 +191,7 @@ def run_fabric(args: argparse.Namespace) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     model, optimizer = fabric.setup(model, optimizer)
     loader = fabric.setup_dataloaders(loader)  # swaps in a DistributedSampler
-    clock = StepClock()
+    clock = StepClock(args.warmup, args.timed)
     batches = epochs(loader, None)  # Fabric's loader calls set_epoch itself
     accum = args.grad_accum_steps
     for _ in range(args.max_steps):
@@ -204,7 +202,7 @@ def run_fabric(args: argparse.Namespace) -> None:
                 fabric.backward(loss / accum)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    result = clock.result(args.warmup, args.timed, args.batch_size * accum * fabric.world_size)
+    result = clock.result(args.batch_size * accum * fabric.world_size)
     emit({"contender": args.contender, "final_loss": float(loss), **result})
     drain_and_destroy()
 

@@ -103,7 +103,7 @@ def worker(args: argparse.Namespace) -> None:
     pkg_dist = importlib.import_module(f"{args.package}.dist")
     metrics = importlib.import_module(f"{args.package}.metrics")
     checkpoint = importlib.import_module(f"{args.package}.checkpoint")
-    clock = StepClock()
+    clock = StepClock(args.warmup, args.timed)
     t = Timers(clock, args.warmup, args.timed)
     t.wrap(train, "forward_backward", "forward+backward (incl. DDP all-reduce)", data_wait_from_result=True)
     t.wrap(torch.nn.utils, "clip_grad_norm_", "clip_grad_norm_")
@@ -124,7 +124,7 @@ def worker(args: argparse.Namespace) -> None:
     status = train.main([*argv, *args.extra])
     if status != 0:
         sys.exit(status)
-    res = clock.result(args.warmup, args.timed, 32 * 4 * int(os.environ.get("WORLD_SIZE", 1)))
+    res = clock.result(32 * 4 * int(os.environ.get("WORLD_SIZE", 1)))
     step_ms = 1000 * res["window_s"] / args.timed
     # The timers see steps warmup+1..warmup+timed; the window is the same number of steps,
     # shifted by the part of a step after optimizer.step (close enough for shares).

@@ -29,20 +29,35 @@ RESULT_PREFIX = "BENCH_RESULT "
 
 
 class StepClock:
-    def __init__(self, optimizer_type: type = torch.optim.AdamW) -> None:
+    """Timestamps at the end of every optimizer step.
+
+    On a GPU the host runs ahead of the device, so at the two window edges (and only there,
+    to add no syncs elsewhere) the clock waits for the device before reading the time.
+    """
+
+    def __init__(self, warmup: int, timed: int, optimizer_type: type = torch.optim.AdamW) -> None:
+        if warmup < 1 or timed < 1:
+            raise ValueError("warmup and timed must be at least 1")
+        self.warmup, self.timed = warmup, timed
         self.optimizer_type = optimizer_type
         self.times: list[float] = []
         self._handle = register_optimizer_step_post_hook(self._hook)
 
     def _hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if type(optimizer) is self.optimizer_type:
-            self.times.append(time.perf_counter())
+        if type(optimizer) is not self.optimizer_type:
+            return
+        if len(self.times) + 1 in (self.warmup, self.warmup + self.timed):
+            device = optimizer.param_groups[0]["params"][0].device
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        self.times.append(time.perf_counter())
 
     def remove(self) -> None:
         self._handle.remove()
 
-    def result(self, warmup: int, timed: int, global_batch: int) -> dict[str, Any]:
+    def result(self, global_batch: int) -> dict[str, Any]:
         """Samples/s over the window; raises if the contender did not make enough steps."""
+        warmup, timed = self.warmup, self.timed
         if len(self.times) < warmup + timed:
             raise RuntimeError(
                 f"saw {len(self.times)} optimizer steps, need warm-up {warmup} + timed {timed}"
