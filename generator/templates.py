@@ -22,6 +22,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from generator import __version__
 from generator.errors import EXIT_FAILED, GeneratorError
 from generator.questions import PACKAGE_DIR
 
@@ -86,12 +87,24 @@ def refresh_link() -> None:
             pass  # a read-only home: rendering and updating will report it
 
 
-def version_tags(bundle: Path) -> list[str]:
-    """Release tags `vX.Y.Z` in the bundle, oldest first."""
-    heads = _git(tempfile.gettempdir(), "bundle", "list-heads", str(bundle))
-    tags = [line.rsplit("refs/tags/", 1)[-1] for line in heads.splitlines() if "refs/tags/" in line]
+def version_tags(bundle: Path) -> tuple[list[str], bool]:
+    """Release tags `vX.Y.Z` in the bundle, oldest first, and whether it also holds a HEAD."""
+    heads = _git(tempfile.gettempdir(), "bundle", "list-heads", str(bundle)).split()
+    tags = [ref.removeprefix("refs/tags/") for ref in heads if ref.startswith("refs/tags/")]
     releases = [tag for tag in tags if VERSION_TAG.match(tag)]
-    return sorted(releases, key=lambda tag: tuple(int(n) for n in VERSION_TAG.match(tag).groups()))
+    releases.sort(key=lambda tag: tuple(int(n) for n in VERSION_TAG.match(tag).groups()))
+    return releases, "HEAD" in heads
+
+
+def pick_ref(bundle: Path) -> str:
+    """The template version this ddp-new renders: its own release tag, else the bundle's HEAD
+    (a build between releases), else the newest release in the bundle."""
+    releases, has_head = version_tags(bundle)
+    if f"v{__version__}" in releases:
+        return f"v{__version__}"
+    if has_head or not releases:
+        return "HEAD"
+    return releases[-1]
 
 
 def bundled_source() -> tuple[str, str | None]:
@@ -101,8 +114,7 @@ def bundled_source() -> tuple[str, str | None]:
         from generator.questions import bundled_template
 
         return str(bundled_template()), None
-    tags = version_tags(bundle)
-    return point_link_at(bundle), (tags[-1] if tags else "HEAD")
+    return point_link_at(bundle), pick_ref(bundle)
 
 
 def _git(cwd: Path | str, *args: str) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from generator.errors import EXIT_FAILED, EXIT_USAGE, GeneratorError
-from generator.templates import LINK, packaged_bundle, point_link_at, version_tags
+from generator.templates import LINK, packaged_bundle, pick_ref, point_link_at
 
 ANSWERS = ".copier-answers.yml"
 MARKER = re.compile(r"^<<<<<<< before updating$", re.MULTILINE)  # copier's inline conflict
@@ -87,8 +87,7 @@ def update(
                 exit_code=EXIT_FAILED,
             )
         point_link_at(bundle)
-        tags = version_tags(bundle)
-        vcs_ref = vcs_ref or (tags[-1] if tags else "HEAD")
+        vcs_ref = vcs_ref or pick_ref(bundle)
         trust = True  # the template shipped with ddp-new itself; its migrations are ours
     old_version = str(answers.get("_commit", "?"))
     _run_update(project, data, vcs_ref=vcs_ref, trust=trust)
