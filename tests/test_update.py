@@ -11,8 +11,12 @@ import pytest
 import yaml
 from conftest import REPO
 
+from generator import __version__
+
 DDP_NEW = [sys.executable, "-m", "generator"]
 COPIER = [sys.executable, "-m", "copier"]
+# The older release, and the one the installed ddp-new renders (so the bundled path picks it).
+OLD, NEW = "v0.0.1", f"v{__version__}"
 NOTES_V1 = "alpha\nbeta\ngamma\n"
 NOTES_V2 = "alpha\nbeta, improved\ngamma\n"
 
@@ -39,31 +43,31 @@ def commit_all(repo: Path, message: str) -> None:
 
 @pytest.fixture(scope="module")
 def template_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A template repository with two releases: v0.2.0 changes, adds and removes a file."""
+    """A template repository with two releases: NEW changes, adds and removes a file."""
     repo = tmp_path_factory.mktemp("tpl") / "ddp-new"
     repo.mkdir()
     shutil.copy2(REPO / "copier.yml", repo / "copier.yml")
     shutil.copytree(REPO / "template", repo / "template", ignore=shutil.ignore_patterns("__pycache__"))
     (repo / "template" / "notes.txt").write_text(NOTES_V1)
-    (repo / "template" / "old.txt").write_text("removed in v0.2.0\n")
+    (repo / "template" / "old.txt").write_text("removed in NEW\n")
     git(repo, "init", "-q", "-b", "main")
-    commit_all(repo, "v0.1.0")
-    git(repo, "tag", "v0.1.0")
+    commit_all(repo, OLD)
+    git(repo, "tag", OLD)
     (repo / "template" / "notes.txt").write_text(NOTES_V2)  # changed
-    (repo / "template" / "new.txt").write_text("added in v0.2.0\n")  # added
+    (repo / "template" / "new.txt").write_text("added in NEW\n")  # added
     (repo / "template" / "old.txt").unlink()  # removed
-    commit_all(repo, "v0.2.0")
-    git(repo, "tag", "v0.2.0")
+    commit_all(repo, NEW)
+    git(repo, "tag", NEW)
     return repo
 
 
 @pytest.fixture
 def project(template_repo: Path, tmp_path: Path) -> Path:
-    """A project rendered from v0.1.0, committed, with a user edit committed on top."""
-    sh([*DDP_NEW, "demo", "-y", "--template", template_repo, "--vcs-ref", "v0.1.0"], tmp_path)
+    """A project rendered from OLD, committed, with a user edit committed on top."""
+    sh([*DDP_NEW, "demo", "-y", "--template", template_repo, "--vcs-ref", OLD], tmp_path)
     project = tmp_path / "demo"
     git(project, "init", "-q", "-b", "main")
-    commit_all(project, "Render from v0.1.0")
+    commit_all(project, "Render from OLD")
     model = project / "src" / "demo" / "model.py"
     model.write_text(model.read_text() + "# user edit: keep me\n")
     commit_all(project, "User edit")
@@ -80,13 +84,13 @@ def assert_updated(project: Path) -> None:
     assert not (project / "old.txt").exists()
     assert (project / "src" / "demo" / "model.py").read_text().endswith("# user edit: keep me\n")
     assert changed_paths(project) == {".copier-answers.yml", "notes.txt", "new.txt", "old.txt"}
-    assert yaml.safe_load((project / ".copier-answers.yml").read_text())["_commit"] == "v0.2.0"
+    assert yaml.safe_load((project / ".copier-answers.yml").read_text())["_commit"] == NEW
 
 
 def test_answers_record_absolute_source_and_existing_tag(project: Path, template_repo: Path) -> None:
     answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
     assert answers["_src_path"] == str(template_repo.resolve())
-    assert answers["_commit"] == "v0.1.0"
+    assert answers["_commit"] == OLD
     git(template_repo, "rev-parse", "--verify", answers["_commit"])
 
 
@@ -98,7 +102,7 @@ def test_plain_copier_update(project: Path) -> None:
 def test_ddp_new_update(project: Path) -> None:
     proc = sh([*DDP_NEW, "update", project], project.parent)
     assert_updated(project)
-    assert "from template v0.1.0 to v0.2.0" in proc.stdout
+    assert f"from template {OLD} to {NEW}" in proc.stdout
     for line in ("added    new.txt", "changed  notes.txt", "removed  old.txt"):
         assert line in proc.stdout
 
@@ -142,7 +146,7 @@ def test_dirty_tree_is_refused(project: Path) -> None:
 
 
 def test_non_git_project_is_refused(template_repo: Path, tmp_path: Path) -> None:
-    sh([*DDP_NEW, "demo", "-y", "--template", template_repo, "--vcs-ref", "v0.1.0"], tmp_path)
+    sh([*DDP_NEW, "demo", "-y", "--template", template_repo, "--vcs-ref", OLD], tmp_path)
     project = tmp_path / "demo"
     before = sorted(p.name for p in project.iterdir())
     proc = sh([*DDP_NEW, "update", project], tmp_path, check=False)
@@ -176,22 +180,22 @@ def test_update_rejects_bad_answer(project: Path) -> None:
 
 
 def test_vcs_ref_pins_the_target_version(project: Path) -> None:
-    proc = sh([*DDP_NEW, "update", project, "--vcs-ref", "v0.1.0"], project.parent)
-    assert "from template v0.1.0 to v0.1.0" in proc.stdout
+    proc = sh([*DDP_NEW, "update", project, "--vcs-ref", OLD], project.parent)
+    assert f"from template {OLD} to {OLD}" in proc.stdout
     assert changed_paths(project) == set()
 
 
 def make_bundle(template_repo: Path, tag: str, out: Path) -> Path:
     """What the wheel of release `tag` ships: every release tag up to that one."""
-    releases = ["v0.1.0", "v0.2.0"]
+    releases = [OLD, NEW]
     git(template_repo, "bundle", "create", "-q", str(out), *releases[: releases.index(tag) + 1])
     return out
 
 
 def test_bundled_upgrade_on_a_fresh_machine(template_repo: Path, tmp_path: Path) -> None:
-    """Render with 'ddp-new 0.1.0', upgrade to '0.2.0', update on this and on a teammate's machine."""
-    bundle_a = make_bundle(template_repo, "v0.1.0", tmp_path / "a.bundle")
-    bundle_b = make_bundle(template_repo, "v0.2.0", tmp_path / "b.bundle")
+    """Render with an old ddp-new, upgrade, update on this and on a teammate's machine."""
+    bundle_a = make_bundle(template_repo, OLD, tmp_path / "a.bundle")
+    bundle_b = make_bundle(template_repo, NEW, tmp_path / "b.bundle")
     alice, bob = tmp_path / "alice-home", tmp_path / "bob-home"
     alice.mkdir()
     bob.mkdir()
@@ -200,26 +204,26 @@ def test_bundled_upgrade_on_a_fresh_machine(template_repo: Path, tmp_path: Path)
     project = tmp_path / "demo"
     answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
     assert answers["_src_path"] == "~/.local/share/ddp-new/template.bundle"  # the same on every machine
-    assert answers["_commit"] == "v0.1.0"
+    assert answers["_commit"] == OLD
     git(project, "init", "-q", "-b", "main")
-    commit_all(project, "Render with ddp-new 0.1.0")
+    commit_all(project, "Render with the old ddp-new")
     clone = tmp_path / "teammate"
     git(tmp_path, "clone", "-q", str(project), str(clone))
 
-    # Alice upgrades ddp-new: the link now leads to the new bundle, plain copier sees v0.2.0.
+    # Alice upgrades ddp-new: the link now leads to the new bundle, plain copier sees NEW.
     sh([*DDP_NEW, "--version"], tmp_path, HOME=str(alice), DDP_NEW_BUNDLE=str(bundle_b))
     sh([*COPIER, "update", "--defaults"], project, HOME=str(alice))
     assert (project / "notes.txt").read_text() == NOTES_V2
 
-    # Bob has only ddp-new 0.2.0 and an empty home: ddp-new update still finds v0.1.0 in its bundle.
+    # Bob has only the new ddp-new and an empty home: ddp-new update still finds OLD in its bundle.
     proc = sh([*DDP_NEW, "update", clone], tmp_path, HOME=str(bob), DDP_NEW_BUNDLE=str(bundle_b))
-    assert "from template v0.1.0 to v0.2.0" in proc.stdout
+    assert f"from template {OLD} to {NEW}" in proc.stdout
     assert (clone / "new.txt").is_file() and not (clone / "old.txt").exists()
 
 
 def test_plain_copier_update_after_upgrade(template_repo: Path, tmp_path: Path) -> None:
     """On the machine that rendered it, plain copier follows the link to the upgraded bundle."""
-    bundle_a = make_bundle(template_repo, "v0.1.0", tmp_path / "a.bundle")
+    bundle_a = make_bundle(template_repo, OLD, tmp_path / "a.bundle")
     home = tmp_path / "home"
     home.mkdir()
     sh([*DDP_NEW, "demo", "-y"], tmp_path, HOME=str(home), DDP_NEW_BUNDLE=str(bundle_a))
@@ -227,7 +231,7 @@ def test_plain_copier_update_after_upgrade(template_repo: Path, tmp_path: Path) 
     git(project, "init", "-q", "-b", "main")
     commit_all(project, "Render")
     # The upgrade replaces the installed bundle in place; the link keeps pointing at that path.
-    make_bundle(template_repo, "v0.2.0", tmp_path / "b.bundle")
+    make_bundle(template_repo, NEW, tmp_path / "b.bundle")
     check = [*COPIER, "check-update", "--quiet"]  # the generated CI's step
     assert sh(check, project, HOME=str(home)).returncode == 0
     shutil.copy2(tmp_path / "b.bundle", bundle_a)
