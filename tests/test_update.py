@@ -46,7 +46,9 @@ def template_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A template repository with two releases: NEW changes, adds and removes a file."""
     repo = tmp_path_factory.mktemp("tpl") / "ddp-new"
     repo.mkdir()
-    shutil.copy2(REPO / "copier.yml", repo / "copier.yml")
+    config = yaml.safe_load((REPO / "copier.yml").read_text())
+    config.pop("_migrations", None)  # these tests are about the merge; migrations are tested below
+    (repo / "copier.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     shutil.copytree(REPO / "template", repo / "template", ignore=shutil.ignore_patterns("__pycache__"))
     (repo / "template" / "notes.txt").write_text(NOTES_V1)
     (repo / "template" / "old.txt").write_text("removed in NEW\n")
@@ -239,3 +241,85 @@ def test_plain_copier_update_after_upgrade(template_repo: Path, tmp_path: Path) 
     sh([*COPIER, "update", "--defaults"], project, HOME=str(home))
     assert (project / "notes.txt").read_text() == NOTES_V2
     assert (project / "new.txt").is_file()
+
+
+@pytest.fixture(scope="module")
+def renamed_config_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Our template before and after the configs/default.toml -> configs/example.toml move."""
+    repo = tmp_path_factory.mktemp("mig") / "ddp-new"
+    repo.mkdir()
+    config = yaml.safe_load((REPO / "copier.yml").read_text())
+    assert any("configs/example.toml" in m["command"] for m in config["_migrations"])
+    del config["_migrations"]  # the old release had none
+    (repo / "copier.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+    shutil.copytree(REPO / "template", repo / "template", ignore=shutil.ignore_patterns("__pycache__"))
+    configs = repo / "template" / "configs"
+    (configs / "example.toml.jinja").rename(configs / "default.toml.jinja")
+    git(repo, "init", "-q", "-b", "main")
+    commit_all(repo, "before the move")
+    git(repo, "tag", OLD)
+    shutil.copy2(REPO / "copier.yml", repo / "copier.yml")
+    (configs / "default.toml.jinja").rename(configs / "example.toml.jinja")
+    commit_all(repo, "configs/default.toml -> configs/example.toml, with a migration")
+    git(repo, "tag", NEW)
+    return repo
+
+
+def render_and_edit_config(src: Path, tmp_path: Path, **env: str) -> Path:
+    sh([*DDP_NEW, "demo", "-y", "--git", "--template", src, "--vcs-ref", OLD], tmp_path, **env)
+    project = tmp_path / "demo"
+    config = project / "configs" / "default.toml"
+    config.write_text(config.read_text().replace("seed = 0", "seed = 1234  # my seed"))
+    assert "seed = 1234  # my seed" in config.read_text()
+    commit_all(project, "My seed")
+    return project
+
+
+def assert_edit_followed_the_move(project: Path) -> None:
+    assert not (project / "configs" / "default.toml").exists()
+    assert "seed = 1234  # my seed" in (project / "configs" / "example.toml").read_text()
+
+
+def test_migration_needs_trust_for_a_third_party_template(renamed_config_repo: Path, tmp_path: Path) -> None:
+    project = render_and_edit_config(renamed_config_repo, tmp_path)
+    proc = sh([*DDP_NEW, "update", project], tmp_path, check=False)
+    assert proc.returncode == 4, proc.stderr
+    assert "migrations" in proc.stderr and "--trust" in proc.stderr
+    assert changed_paths(project) == set()
+    plain = sh([*COPIER, "update", "--defaults"], project, check=False)
+    assert plain.returncode != 0 and "--trust" in plain.stdout + plain.stderr
+    assert changed_paths(project) == set()
+
+
+def test_migration_moves_the_edited_file(renamed_config_repo: Path, tmp_path: Path) -> None:
+    project = render_and_edit_config(renamed_config_repo, tmp_path)
+    proc = sh([*DDP_NEW, "update", "--trust", project], tmp_path, check=False)
+    assert_edit_followed_the_move(project)
+    # copier sees the moved file as added on both sides: the user's changed line comes back as a
+    # conflict to merge by hand (nothing is dropped), the rest of the file merges cleanly.
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "conflict configs/example.toml" in proc.stderr
+    text = (project / "configs" / "example.toml").read_text()
+    assert text.count("<<<<<<< before updating") == 1
+    assert "--config configs/example.toml" in text
+
+
+def test_plain_copier_runs_the_migration_with_trust(renamed_config_repo: Path, tmp_path: Path) -> None:
+    project = render_and_edit_config(renamed_config_repo, tmp_path)
+    sh([*COPIER, "update", "--defaults", "--trust"], project)
+    assert_edit_followed_the_move(project)
+
+
+def test_bundled_template_migrates_without_trust(renamed_config_repo: Path, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    bundle = make_bundle(renamed_config_repo, NEW, tmp_path / "b.bundle")
+    env = {"HOME": str(home), "DDP_NEW_BUNDLE": str(bundle)}
+    sh([*DDP_NEW, "demo", "-y", "--git", "--vcs-ref", OLD], tmp_path, **env)
+    project = tmp_path / "demo"
+    config = project / "configs" / "default.toml"
+    config.write_text(config.read_text().replace("seed = 0", "seed = 1234  # my seed"))
+    commit_all(project, "My seed")
+    proc = sh([*DDP_NEW, "update", project], tmp_path, check=False, **env)
+    assert proc.returncode in (0, 3), proc.stderr
+    assert_edit_followed_the_move(project)
