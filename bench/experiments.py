@@ -66,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     summary = summarize(runs, contenders, world_sizes)
     gains = {str(ws): {v: median_or_none(ratios(runs, v, base, ws)) for v in variants} for ws in world_sizes}
+    cpu_gains = {
+        str(ws): {v: median_or_none(ratios(runs, v, base, ws, "cpu_samples_per_sec")) for v in variants}
+        for ws in world_sizes
+    }
     print(f"\nmedian of per-round ratios over {args.repeats} rounds ({base} = trainer without the patch)")
     header = f"{'variant':<62}" + "".join(
         f"{'W=' + str(ws) + ' x unpatched':>18}{'x ref':>7}" for ws in world_sizes
@@ -83,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python -m bench.experiments", *(argv if argv is not None else sys.argv[1:])]),
         "workload": asdict(w),
         "gains_vs_unpatched": gains,
+        "cpu_gains_vs_unpatched": cpu_gains,
         "summary": summary,
         "runs": runs,
     }

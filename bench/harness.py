@@ -219,46 +219,53 @@ def median_or_none(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def sps(runs: list[dict[str, Any]], contender: str, ws: int, rnd: int) -> float | None:
+def sps(
+    runs: list[dict[str, Any]], contender: str, ws: int, rnd: int, key: str = "samples_per_sec"
+) -> float | None:
     for r in runs:
         if (r["contender"], r["world_size"], r["round"]) == (contender, ws, rnd) and "error" not in r:
-            return r["samples_per_sec"]
+            return r.get(key)
     return None
 
 
-def ratios(runs: list[dict[str, Any]], a: str, b: str, ws: int) -> list[float]:
+def ratios(runs: list[dict[str, Any]], a: str, b: str, ws: int, key: str = "samples_per_sec") -> list[float]:
     """a / b for every round in which both ran at world size ws."""
     rounds = sorted({r["round"] for r in runs})
-    pairs = [(sps(runs, a, ws, rnd), sps(runs, b, ws, rnd)) for rnd in rounds]
+    pairs = [(sps(runs, a, ws, rnd, key), sps(runs, b, ws, rnd, key)) for rnd in rounds]
     return [x / y for x, y in pairs if x and y]
 
 
-def summarize(runs: list[dict[str, Any]], contenders: list[str], world_sizes: list[int]) -> dict[str, Any]:
-    """Medians per contender and world size, and medians of per-round ratios."""
+def summarize(
+    runs: list[dict[str, Any]], contenders: list[str], world_sizes: list[int], key: str = "samples_per_sec"
+) -> dict[str, Any]:
+    """Medians per contender and world size, and medians of per-round ratios, of `key`
+    (samples_per_sec: wall time; cpu_samples_per_sec: rank 0's CPU time, see bench.timing)."""
     rounds = sorted({r["round"] for r in runs})
     table: dict[str, Any] = {}
     for ws in world_sizes:
         rows = {}
         for c in contenders:
-            values = [v for v in (sps(runs, c, ws, rnd) for rnd in rounds) if v]
+            values = [v for v in (sps(runs, c, ws, rnd, key) for rnd in rounds) if v]
+            ref_ratios = ratios(runs, c, "reference", ws, key)
             rows[c] = {
                 "median_samples_per_sec": median_or_none(values),
                 "min": min(values) if values else None,
                 "max": max(values) if values else None,
                 "n": len(values),
-                "median_ratio_to_reference": median_or_none(ratios(runs, c, "reference", ws)),
+                "median_ratio_to_reference": median_or_none(ref_ratios),
+                "ratios_to_reference": ref_ratios,
             }
         ours = [r for r in runs if r["world_size"] == ws and r["contender"] in contenders]
         data_wait = [r.get("self_data_wait_frac_median") for r in ours if r["contender"] == "generated"]
         data_wait = [x for x in data_wait if x is not None]
+        overheads = [100 * (1 - x) for x in ratios(runs, "generated", "generated-quiet", ws, key)]
         table[str(ws)] = {
             "contenders": rows,
-            "overhead_pct_defaults_vs_quiet": median_or_none(
-                [100 * (1 - x) for x in ratios(runs, "generated", "generated-quiet", ws)]
-            ),
-            "no_sync_gain": median_or_none(ratios(runs, "reference", "allreduce", ws)),
+            "overhead_pct_defaults_vs_quiet": median_or_none(overheads),
+            "overheads_pct": overheads,
+            "no_sync_gain": median_or_none(ratios(runs, "reference", "allreduce", ws, key)),
             "generated_vs": {
-                other: median_or_none(ratios(runs, "generated", other, ws))
+                other: median_or_none(ratios(runs, "generated", other, ws, key))
                 for other in ("accelerate", "fabric")
                 if other in contenders
             },

@@ -11,17 +11,20 @@
    with the calls that would block the host on a GPU (Tensor.item/tolist/__bool__/__float__).
 2. Data wait: the share of step time the trainer itself reports (metrics.jsonl data_wait_frac,
    worst rank) at --num-workers 0 and 2.
-3. With --py-spy (pip install py-spy): the leaf functions holding the most samples.
+3. With --py-spy (pip install py-spy): the lines of the generated code and the innermost frames
+   holding the most samples of a W=1 run.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
 import functools
 import importlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -171,8 +174,26 @@ def run_data_wait(world_size: int, workers: int, env: dict[str, str], warmup: in
         return read_metrics(Path(out), warmup, warmup + timed)
 
 
-def run_py_spy(project: Path, env: dict[str, str], steps: int, top: int) -> list[tuple[str, float]]:
-    """Leaf functions by share of samples in a W=1 run (py-spy record, raw collapsed stacks)."""
+def loop_lines(project: Path) -> range:
+    """Lines of the training loop: the `while` statement in train() of the rendered train.py."""
+    tree = ast.parse((project / "src" / PACKAGE / "train.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == "train":
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.While):
+                    return range(inner.lineno, (inner.end_lineno or inner.lineno) + 1)
+    raise RuntimeError("no `while` loop in train() of train.py")
+
+
+def run_py_spy(
+    project: Path, env: dict[str, str], steps: int, top: int
+) -> dict[str, list[tuple[str, float]]]:
+    """A py-spy sampling profile of a W=1 run (raw collapsed stacks), two views of the samples
+    taken inside the training loop (set-up and teardown left out): the innermost line of the
+    generated package on the stack (what the trainer's own code costs, callees included), and
+    the innermost frame (where the CPU is)."""
+    loop = loop_lines(project)
+    in_loop = re.compile(rf"^train \({PACKAGE}/train\.py:(\d+)\)$")
     if shutil.which("py-spy") is None:
         raise RuntimeError("py-spy is not installed (pip install py-spy)")
     with tempfile.TemporaryDirectory(prefix="bench-spy-") as out:
@@ -185,17 +206,22 @@ def run_py_spy(project: Path, env: dict[str, str], steps: int, top: int) -> list
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
         if done.returncode != 0 or not raw.exists():
             raise RuntimeError(f"py-spy failed (it needs ptrace permission): {done.stderr[-1000:]}")
+        ours: collections.Counter[str] = collections.Counter()
         leaves: collections.Counter[str] = collections.Counter()
         total = 0
         for line in raw.read_text().splitlines():
             stack, _, count = line.rpartition(" ")
             frames = stack.split(";")
-            # Only the training loop: samples under train(), attributed to their innermost frame.
-            if not any(f.startswith("train (") for f in frames):
-                continue
-            leaves[frames[-1]] += int(count)
-            total += int(count)
-    return [(frame, n / total) for frame, n in leaves.most_common(top)]
+            lines = [int(m.group(1)) for f in frames if (m := in_loop.match(f))]
+            if not lines or lines[0] not in loop:
+                continue  # start-up and teardown
+            n = int(count)
+            total += n
+            leaves[frames[-1]] += n
+            mine = [f for f in frames if f"({PACKAGE}/" in f]
+            ours[mine[-1] if mine else "?"] += n
+    share = {"trainer_lines": ours.most_common(top), "leaf_frames": leaves.most_common(top)}
+    return {view: [(frame, n / total) for frame, n in rows] for view, rows in share.items()}
 
 
 def main() -> None:
@@ -208,6 +234,8 @@ def main() -> None:
     p.add_argument("--world-sizes", default="1,2")
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS per process")
     p.add_argument("--py-spy", action="store_true", help="also sample a W=1 run with py-spy")
+    p.add_argument("--py-spy-steps", type=int, default=300, help="optimizer steps of the py-spy run")
+    p.add_argument("--no-breakdown", action="store_true", help="skip the timer breakdown and data wait")
     p.add_argument("--json", type=Path)
     p.add_argument("extra", nargs="*", help="extra trainer flags (worker only)")
     args = p.parse_args()
@@ -225,7 +253,7 @@ def main() -> None:
             "PYTHONPATH": os.pathsep.join([str(REPO), str(project / "src")]),
         }
         report: dict[str, Any] = {"breakdown": {}, "data_wait": {}, "threads_per_process": args.threads}
-        for ws in [int(x) for x in args.world_sizes.split(",")]:
+        for ws in [] if args.no_breakdown else [int(x) for x in args.world_sizes.split(",")]:
             b = run_breakdown(project, ws, env, args.warmup, args.timed)
             report["breakdown"][str(ws)] = b
             print(
@@ -247,11 +275,16 @@ def main() -> None:
                     f" trainer-reported {sps:,.0f} samples/s (median of its metrics lines)"
                 )
         if args.py_spy:
-            leaves = run_py_spy(project, env, args.warmup + args.timed + 1, 25)
-            report["py_spy_leaves"] = leaves
-            print("\npy-spy, W=1, innermost frames under train() by share of samples:")
-            for frame, share in leaves:
-                print(f"  {100 * share:5.1f}%  {frame}")
+            views = run_py_spy(project, env, args.py_spy_steps, 20)
+            report["py_spy"] = views
+            titles = {
+                "trainer_lines": "innermost line of the generated code, callees included",
+                "leaf_frames": "innermost frame (Python or native)",
+            }
+            for view, rows in views.items():
+                print(f"\npy-spy, W=1, share of the samples in the training loop, by {titles[view]}:")
+                for frame, share in rows:
+                    print(f"  {100 * share:5.1f}%  {frame}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     path = args.json or REPO / "bench" / "results" / f"profile-{time.strftime('%Y%m%d-%H%M%S')}.json"

@@ -12,7 +12,9 @@ loading, forward/backward, all-reduce, the update, and logging, evaluation and c
 at their configured intervals. The first `warmup` steps (allocator, thread pools, first-epoch
 effects) and anything after the window (a trainer's final eval and checkpoint) are excluded.
 Throughput = timed x global batch / window seconds, on rank 0 (ranks are in lock step: every
-step ends with a collective).
+step ends with a collective). A second figure divides by rank 0's CPU seconds in the window
+instead (time.process_time: all threads of the process): on a shared machine it varies far
+less than wall time, but it leaves out time spent waiting (for peers, for the disk).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class StepClock:
         self.warmup, self.timed = warmup, timed
         self.optimizer_type = optimizer_type
         self.times: list[float] = []
+        self.cpu_times: list[float] = []  # CPU seconds of this process (all its threads)
         self._handle = register_optimizer_step_post_hook(self._hook)
 
     def _hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -51,6 +54,7 @@ class StepClock:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
         self.times.append(time.perf_counter())
+        self.cpu_times.append(time.process_time())
 
     def remove(self) -> None:
         self._handle.remove()
@@ -63,9 +67,15 @@ class StepClock:
                 f"saw {len(self.times)} optimizer steps, need warm-up {warmup} + timed {timed}"
             )
         seconds = self.times[warmup + timed - 1] - self.times[warmup - 1]
+        cpu_seconds = self.cpu_times[warmup + timed - 1] - self.cpu_times[warmup - 1]
         return {
             "samples_per_sec": timed * global_batch / seconds,
             "window_s": seconds,
+            # The same samples over this rank's CPU seconds instead of wall seconds: what the
+            # rate would be with the cores to itself and free waits. Robust to other processes
+            # taking turns on the cores; blind to communication latency and I/O waits.
+            "cpu_samples_per_sec": timed * global_batch / cpu_seconds,
+            "window_cpu_s": cpu_seconds,
             "timed_steps": timed,
             "warmup_steps": warmup,
             "optimizer_steps_seen": len(self.times),
