@@ -63,6 +63,11 @@ def list_checkpoints(directory: Path) -> list[Path]:
     return sorted(paths, key=lambda p: int(p.stem.removeprefix("step_")), reverse=True)
 
 
+def stray_temp_files(directory: Path) -> list[Path]:
+    """Temporary files of saves that never finished; never read, removed by the next save."""
+    return sorted(directory.glob("step_*.pt.tmp"))
+
+
 def build_state(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -92,8 +97,9 @@ def save(state: dict[str, Any], out_dir: str, keep_last: int, is_main: bool) -> 
     if is_main:
         path = checkpoint_path(out_dir, state["step"])
         _write_atomic(state, path)
-        # Delete old checkpoints only now that the new one is safely on disk.
-        for old in list_checkpoints(path.parent)[keep_last:]:
+        # Delete old checkpoints only now that the new one is safely on disk; also temporary
+        # files of saves that a crash interrupted (rank 0 is the only writer: none is in use).
+        for old in list_checkpoints(path.parent)[keep_last:] + stray_temp_files(path.parent):
             old.unlink()
     dist.barrier()
 
@@ -135,8 +141,8 @@ def find_resume(cfg: TrainConfig, world_size: int, device: torch.device) -> dict
             state = load(candidate, device)
             if not REQUIRED <= state.keys():
                 raise ValueError(f"missing {sorted(REQUIRED - state.keys())}")
-        except Exception as err:  # truncated, corrupt or not a checkpoint: try an older one
-            problem = f"{candidate}: {str(err).strip().splitlines()[0]}"
+        except Exception as err:  # truncated, empty, corrupt or not a checkpoint: try older
+            problem = f"{candidate}: {_first_line(err)}"
             dist.print0(f"warning: cannot read checkpoint {problem}; trying older ones")
             continue
         check_compatible(state, cfg, world_size, candidate)
@@ -147,6 +153,12 @@ def find_resume(cfg: TrainConfig, world_size: int, device: torch.device) -> dict
     if candidates:
         dist.print0(f"warning: no readable checkpoint in {path}; starting from scratch")
     return None
+
+
+def _first_line(err: Exception) -> str:
+    """'EOFError' or 'KeyError: 101': the kind of error and its first line, if any."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
 
 
 def check_compatible(state: dict[str, Any], cfg: TrainConfig, world_size: int, path: Path) -> None:

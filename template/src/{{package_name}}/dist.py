@@ -14,10 +14,11 @@ to dump the NCCL flight recorder when --dist-timeout expires.
 import hashlib
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Self
+from typing import Any, NoReturn, Self
 
 import torch
 import torch.distributed as torch_dist
@@ -139,6 +140,31 @@ def cleanup(clean_exit: bool) -> None:
             torch_dist.barrier()
         time.sleep(0.05)
     torch_dist.destroy_process_group()
+
+
+def fail(err: BaseException, env: DistEnv, timeout_s: int) -> NoReturn:
+    """An exception escaped training: re-raise it with one process; with several, exit at once.
+
+    With several ranks the peers may be gone, and tearing down while gloo threads still hold a
+    failed collective can abort (SIGABRT) or hang the process, replacing the real error and its
+    exit status. So print the traceback and exit 1 without teardown: the OS closes this rank's
+    connections, and torchrun stops the other ranks (or restarts them all, --max-restarts).
+    """
+    if env.world_size == 1:
+        cleanup(clean_exit=False)
+        raise err
+    sys.excepthook(type(err), err, err.__traceback__)  # torch's hook adds a [rankN] prefix
+    text = str(err)
+    if isinstance(err, torch_dist.DistError) or "gloo" in text or "NCCL" in text:
+        print(
+            f"error: rank {env.rank}: a collective failed: another rank crashed, was killed, or"
+            f" stalled for longer than --dist-timeout ({timeout_s} s). Look for its own error in"
+            " this output; if there is none, it was killed or stalled (py-spy dump shows where)",
+            file=sys.stderr,
+        )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def is_main() -> bool:

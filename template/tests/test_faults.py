@@ -1,0 +1,223 @@
+"""Faults: a killed, crashed, stalled or preempted rank, a crash during a save, NaNs and
+infinities, and a resume on another world size. Nothing may be lost or hang.
+
+Multi-process runs start tests/faults.py under torchrun: it is the training entry point with
+one fault injected on one rank at one step. Each run is compared with the uninterrupted
+2-rank reference run (conftest.reference) where that is meaningful.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from helpers import (
+    REFERENCE,
+    STEP_5,
+    STEP_10,
+    TINY,
+    TOLERANCE,
+    cpu_fp16_autocast_works,
+    launch,
+    launch_command,
+    load_model,
+    max_difference,
+    read_metrics,
+    same_parameters,
+    training_env,
+)
+
+FAULTS = Path(__file__).resolve().parent / "faults.py"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.name == "nt", reason="the fault runs need POSIX signals"),
+]
+
+
+def run_fault(
+    out_dir: Path,
+    fault: str,
+    rank: int,
+    step: int,
+    *args: str,
+    nproc: int = 2,
+    torchrun_args: tuple[str, ...] = (),
+) -> tuple[int, str, float]:
+    """Train with `fault` on `rank` at `step`; returns exit status, output and seconds taken."""
+    fault_args = [f"--fault={fault}", f"--rank={rank}", f"--step={step}", "--"]
+    cmd = [str(FAULTS), *fault_args, *TINY, f"--out-dir={out_dir}", *args]
+    if nproc > 1:
+        torchrun = ["-m", "torch.distributed.run", "--standalone", *torchrun_args]
+        cmd = [*torchrun, f"--nproc_per_node={nproc}", *cmd]
+    return run([sys.executable, *cmd])
+
+
+def run(cmd: list[str]) -> tuple[int, str, float]:
+    """Run a command; returns exit status, output (stdout and stderr) and seconds taken."""
+    started = time.monotonic()
+    result = subprocess.run(
+        cmd,
+        env=training_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # one stream, in the order things happened
+        text=True,
+        timeout=120,
+    )
+    return result.returncode, result.stdout, time.monotonic() - started
+
+
+def rank_exit_codes(output: str) -> set[str]:
+    """The exit statuses of the ranks in torchrun's failure report."""
+    return set(re.findall(r"exitcode\s*:\s*(-?\d+)", output))
+
+
+def saved_steps(out_dir: Path) -> list[int]:
+    paths = (out_dir / "checkpoints").glob("step_*.pt")
+    return sorted(int(path.stem.removeprefix("step_")) for path in paths)
+
+
+def test_killed_rank_is_restarted_and_the_result_is_unchanged(
+    reference: Path, tmp_path: Path
+) -> None:
+    # SIGKILL rank 1 at step 7, after the checkpoint of step 5. torchrun stops rank 0 (its
+    # collective fails at once), restarts both, and they resume from step 5.
+    restart = ("--max-restarts=1",)
+    status, output, _ = run_fault(tmp_path, "sigkill", 1, 7, *REFERENCE, torchrun_args=restart)
+    assert status == 0, output
+    assert f"resuming from {tmp_path / STEP_5} (step 5)" in output
+    assert [r["step"] for r in read_metrics(tmp_path)] == [*range(1, 7), *range(6, 11)]
+    assert same_parameters(load_model(reference / STEP_10), load_model(tmp_path / STEP_10))
+
+
+def test_sigterm_to_torchrun_saves_and_the_rerun_is_unchanged(
+    reference: Path, tmp_path: Path
+) -> None:
+    # As a scheduler does: SIGTERM to torchrun (at step 3), which passes it on to every rank.
+    status, output, _ = run_fault(tmp_path, "sigterm-launcher", 0, 3, *REFERENCE)
+    # torchrun exits 1 with a SignalException traceback; the ranks exited 143 in time (torchrun
+    # says "forcefully exiting" when it has to SIGKILL them).
+    assert status == 1 and "SignalException" in output, output
+    assert "SIGTERM: saved step 3; rerun to resume. Exit 143." in output
+    assert "forcefully exiting" not in output
+    assert saved_steps(tmp_path) == [3]
+    # The same command again resumes at step 3 and ends where an uninterrupted run ends.
+    rerun = launch(tmp_path, *REFERENCE, nproc=2)
+    assert "(step 3)" in rerun.stdout
+    assert same_parameters(load_model(reference / STEP_10), load_model(tmp_path / STEP_10))
+
+
+def test_kill_during_a_save_keeps_the_previous_checkpoint(
+    train_here: Callable[..., int], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # One process writes half of step 10's temporary file, then is SIGKILLed.
+    run = tmp_path / "run"
+    status, output, _ = run_fault(run, "sigkill-in-save", 0, 10, *REFERENCE, nproc=1)
+    assert status == -9, output
+    checkpoints = sorted(path.name for path in (run / "checkpoints").iterdir())
+    assert checkpoints == ["step_00000005.pt", "step_00000010.pt.tmp"]  # no partial step_10.pt
+    # Rerunning ignores the temporary file, resumes from step 5, and the save of step 10
+    # removes it; the result is that of an uninterrupted run.
+    assert train_here(*REFERENCE, out_dir=run) == 0
+    assert f"resuming from {run / STEP_5} (step 5)" in capsys.readouterr().out
+    assert not list((run / "checkpoints").glob("*.tmp"))
+    assert train_here(*REFERENCE, out_dir=tmp_path / "uninterrupted") == 0
+    expected = load_model(tmp_path / "uninterrupted" / STEP_10)
+    assert same_parameters(expected, load_model(run / STEP_10))
+
+
+def test_resume_on_another_world_size_with_the_same_global_batch(
+    reference: Path,
+    train_here: Callable[..., int],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    # 2 ranks x batch 4 x accumulation 2 to step 5, then 1 process x batch 4 x accumulation 4.
+    layout = ["--batch-size=4", "--grad-accum-steps=4", "--max-steps=10", "--ckpt-every=5"]
+    assert train_here(*layout, f"--resume={reference / STEP_5}") == 0
+    assert "RNG states are not restored" in capsys.readouterr().out
+    # The model has no dropout, so the RNG does not matter: only the order of float sums
+    # changes (see TOLERANCE).
+    resumed = load_model(tmp_path / "run" / STEP_10)
+    difference = max_difference(load_model(reference / STEP_10), resumed)
+    print(f"resumed on 1 process vs 2 ranks throughout: max |diff| {difference:.2e}")
+    assert difference < TOLERANCE
+
+
+def test_resume_with_another_global_batch_is_refused(
+    reference: Path, train_here: Callable[..., int], capsys: pytest.CaptureFixture
+) -> None:
+    args = ["--batch-size=4", "--grad-accum-steps=2", "--max-steps=10"]
+    assert train_here(*args, f"--resume={reference / STEP_5}") == 2  # 1 x 4 x 2 = 8, not 16
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "global batch (--batch-size x --grad-accum-steps x world size) 16" in err
+    assert "in the checkpoint, 8 now (--global-batch-size 16 keeps it)" in err
+
+
+@pytest.mark.skipif(not cpu_fp16_autocast_works(), reason="this torch has no CPU fp16 autocast")
+def test_fp16_overflow_on_one_rank_is_skipped_and_counted(tmp_path: Path) -> None:
+    # An infinite gradient on rank 1 at step 3 reaches both ranks through the all-reduce;
+    # both GradScalers skip that update, and training goes on.
+    args = ["--precision=fp16", "--max-steps=6", "--grad-clip=0"]
+    status, output, _ = run_fault(tmp_path, "inf-grad", 1, 3, *args)
+    assert status == 0, output
+    records = {r["step"]: r for r in read_metrics(tmp_path)}
+    assert records[3]["skipped_steps"] == records[2]["skipped_steps"] + 1
+    assert records[3]["grad_norm"] is None
+    assert records[6]["skipped_steps"] == records[3]["skipped_steps"]
+    fingerprints = records[6]["param_fingerprints"]
+    assert fingerprints[0] == fingerprints[1]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_nan_on_one_rank_stops_all_ranks_at_once(tmp_path: Path, precision: str) -> None:
+    # Only rank 1 sees a NaN at step 3; the agreed check stops both before the update. A rank
+    # left waiting in a collective would keep the job alive until --dist-timeout.
+    args = [f"--precision={precision}", "--ckpt-every=1", "--dist-timeout=60"]
+    status, output, seconds = run_fault(tmp_path, "nan-loss", 1, 3, *args)
+    assert status == 1, output
+    assert "error: non-finite loss at step 3; all ranks stopped" in output
+    assert "--detect-anomaly" in output
+    assert rank_exit_codes(output) == {"1"}, output  # both ranks exited by themselves
+    assert seconds < 30, output
+    assert saved_steps(tmp_path) == [1, 2]  # nothing saved after the NaN
+
+
+def test_exception_on_one_rank_ends_the_job(tmp_path: Path) -> None:
+    # Rank 1 raises at step 3; rank 0, waiting in a collective, sees the connection close.
+    status, output, seconds = run_fault(tmp_path, "raise", 1, 3, "--dist-timeout=20")
+    assert status == 1, output
+    assert "[rank1]: RuntimeError: injected fault: this rank failed" in output  # its traceback
+    assert "error: rank 0: a collective failed" in output
+    assert rank_exit_codes(output) == {"1"}, output
+    assert seconds < 20, output  # well before --dist-timeout would have expired
+
+
+def test_stalled_rank_times_out(tmp_path: Path) -> None:
+    # Rank 1 sleeps forever at step 3. Rank 0's collective times out after --dist-timeout and
+    # it exits 1; torchrun then sends SIGTERM to rank 1, which is stuck and cannot act on it,
+    # and kills it 30 s later (torch 2.13 waits 30 s whatever --shutdown-timeout says).
+    status, output, seconds = run_fault(tmp_path, "stall", 1, 3, "--dist-timeout=4")
+    assert status == 1, output
+    assert "Timed out waiting 4000ms" in output
+    assert "stalled for longer than --dist-timeout (4 s)" in output
+    assert rank_exit_codes(output) == {"1", "-9"}, output  # rank 1 was SIGKILLed
+    print(f"a stalled rank ended the job in {seconds:.1f} s")
+    assert seconds < 4 + 30 + 30, output
+
+
+def test_bad_flag_under_torchrun_is_reported_once(tmp_path: Path) -> None:
+    # Every rank finds the mistake before any process group exists; only rank 0 reports it.
+    args = [*TINY, "--global-batch-size=12", f"--out-dir={tmp_path}"]
+    status, output, _ = run(launch_command(2, args))
+    assert status == 1, output  # torchrun's status when a rank failed
+    message = "error: --global-batch-size 12 must be a multiple of --batch-size x world size"
+    assert output.count(message) == 1, output
+    assert rank_exit_codes(output) == {"2"}, output
+    assert not any(tmp_path.iterdir())
