@@ -85,10 +85,10 @@ def saved_steps(out_dir: Path) -> list[int]:
 def test_killed_rank_is_restarted_and_the_result_is_unchanged(
     reference: Path, tmp_path: Path
 ) -> None:
-    # SIGKILL rank 1 at step 7, after the checkpoint of step 5. torchrun stops rank 0 (its
-    # collective fails at once), restarts both, and they resume from step 5.
+    # SIGKILL rank 0, the one that writes, at step 7, after the checkpoint of step 5. Rank 1's
+    # collective fails at once; torchrun restarts both, and they resume from step 5.
     restart = ("--max-restarts=1",)
-    status, output, _ = run_fault(tmp_path, "sigkill", 1, 7, *REFERENCE, torchrun_args=restart)
+    status, output, _ = run_fault(tmp_path, "sigkill", 0, 7, *REFERENCE, torchrun_args=restart)
     assert status == 0, output
     assert f"resuming from {tmp_path / STEP_5} (step 5)" in output
     assert [r["step"] for r in read_metrics(tmp_path)] == [*range(1, 7), *range(6, 11)]

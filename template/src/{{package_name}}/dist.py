@@ -127,7 +127,7 @@ class Preemption:
 
 
 def cleanup(clean_exit: bool) -> None:
-    """Destroy the process group; call it in a `finally`, on errors too."""
+    """Destroy the process group: at the end, or after an error in a one-process run."""
     if not torch_dist.is_initialized():
         return
     if clean_exit:
