@@ -71,16 +71,16 @@ def main(argv: list[str] | None = None) -> int:
         for ws in world_sizes
     }
     print(f"\nmedian of per-round ratios over {args.repeats} rounds ({base} = trainer without the patch)")
-    header = f"{'variant':<62}" + "".join(
-        f"{'W=' + str(ws) + ' x unpatched':>18}{'x ref':>7}" for ws in world_sizes
-    )
-    print(header)
+    print("(wall: samples per wall second; cpu: per rank-0 CPU second, see bench/timing.py)")
+    cols = "".join(f"{f'W={ws} wall':>11}{f'W={ws} cpu':>11}{'x ref':>7}" for ws in world_sizes)
+    print(f"{'variant':<62}{cols}")
     for c in [base, *variants]:
         line = f"{c:<62}"
         for ws in world_sizes:
-            gain = 1.0 if c == base else gains[str(ws)][c]
-            line += f"{fmt(gain, '.3f'):>18}"
-            line += f"{fmt(summary[str(ws)]['contenders'][c]['median_ratio_to_reference'], '.3f'):>7}"
+            wall = 1.0 if c == base else gains[str(ws)][c]
+            cpu = 1.0 if c == base else cpu_gains[str(ws)][c]
+            ref = summary[str(ws)]["contenders"][c]["median_ratio_to_reference"]
+            line += f"{fmt(wall, '.3f'):>11}{fmt(cpu, '.3f'):>11}{fmt(ref, '.3f'):>7}"
         print(line)
     result = {
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),

@@ -1,8 +1,10 @@
 """What-if changes to the generated trainer, applied at run time to measure a fix before making it.
 
-`python -m bench.experiments` runs the generated trainer with and without each of these,
-interleaved, and reports the gain. Each patch mimics a change one would make in the template
-(named in its docstring); none changes what the trainer computes except as noted.
+Each patch mimics a change one would make in the template (named in its docstring) and is
+controlled by a Switch, so it can be on for a whole run (`python -m bench.experiments`, separate
+processes) or flipped every optimizer step inside one run (`python -m bench.ab`: on and off
+steps then share the machine's conditions, which makes small gains measurable on a noisy
+machine). None changes what the trainer computes, except fused_adamw (float rounding).
 """
 
 from __future__ import annotations
@@ -15,34 +17,47 @@ from typing import Any
 import torch
 
 
-def fused_adamw(package: str) -> None:
-    """optim.py: `torch.optim.AdamW(..., fused=True)` on CPU too (fused CPU AdamW exists since torch 2.4).
+class Switch:
+    def __init__(self, on: bool = True) -> None:
+        self.on = on
 
-    Same update up to float rounding; numerically not bitwise identical to the for-loop AdamW.
+
+def fused_adamw(package: str, switch: Switch) -> None:
+    """optim.py: `torch.optim.AdamW(..., fused=True)` on CPU too; today `fused=device.type == "cuda"`.
+
+    Fused CPU AdamW exists since torch 2.4; same update up to float rounding.
     """
-    original = torch.optim.AdamW.__init__
+    original = torch.optim.AdamW.step
 
     @functools.wraps(original)
-    def init(self: torch.optim.AdamW, params: Any, *args: Any, **kwargs: Any) -> None:
-        kwargs["fused"] = True
-        kwargs.pop("foreach", None)
-        original(self, params, *args, **kwargs)
+    def step(self: torch.optim.AdamW, *args: Any, **kwargs: Any) -> Any:
+        for group in self.param_groups:
+            if group["params"][0].device.type == "cpu":
+                group["fused"], group["foreach"] = (True, False) if switch.on else (None, None)
+        return original(self, *args, **kwargs)
 
-    torch.optim.AdamW.__init__ = init  # type: ignore[method-assign]
+    torch.optim.AdamW.step = step  # type: ignore[method-assign]
 
 
-def foreach_clip(package: str) -> None:
-    """train.py: `clip_grad_norm_(..., foreach=True)` (the default uses foreach only on CUDA)."""
+def foreach_clip(package: str, switch: Switch) -> None:
+    """train.py: `nn.utils.clip_grad_norm_(..., foreach=True)`; the default uses foreach on CUDA only."""
     original = torch.nn.utils.clip_grad_norm_
-    torch.nn.utils.clip_grad_norm_ = functools.partial(original, foreach=True)
+
+    @functools.wraps(original)
+    def clip(*args: Any, **kwargs: Any) -> Any:
+        if switch.on:
+            kwargs["foreach"] = True
+        return original(*args, **kwargs)
+
+    torch.nn.utils.clip_grad_norm_ = clip
 
 
-def sparse_flags(package: str, every: int = 10) -> None:
+def sparse_flags(package: str, switch: Switch, every: int = 10) -> None:
     """train.py/dist.py: agree on the SIGTERM/non-finite flags every `every` steps, not every step.
 
-    A stand-in for a sync-free non-finite check (the gradient norm is already identical on every
-    rank after DDP's all-reduce, so a local isfinite() agrees without a collective) plus a
-    preemption check every k steps. Here the flags are simply computed locally in between.
+    Stands in for: the non-finite check on the gradient norm alone (identical on every rank
+    after DDP's all-reduce, so a local isfinite() agrees without a collective) and a SIGTERM
+    check every k steps. Here the flags are simply computed locally in between.
     """
     dist = importlib.import_module(f"{package}.dist")
     original: Callable[..., list[bool]] = dist.any_rank
@@ -50,21 +65,24 @@ def sparse_flags(package: str, every: int = 10) -> None:
 
     def any_rank(flags: list[Any], device: torch.device) -> list[bool]:
         calls[0] += 1
-        if calls[0] % every == 0:
+        if not switch.on or calls[0] % every == 0:
             return original(flags, device)
         return [bool(torch.as_tensor(f)) for f in flags]
 
     dist.any_rank = any_rank
 
 
-def batch_indexing(package: str) -> None:
-    """data.py: read a micro-batch with one indexing op (BatchSampler, batch_size=None) instead
-    of B per-sample __getitem__ calls and a collate. Works for TensorDataset-like datasets."""
+def batch_indexing(package: str, switch: Switch) -> None:
+    """data.py: read a micro-batch with one indexing op (a BatchSampler and batch_size=None)
+    instead of B per-sample __getitem__ calls and a collate. For TensorDataset-like datasets.
+    (Chosen when the loader is built: it cannot be flipped step by step.)"""
     data = importlib.import_module(f"{package}.data")
     original = data.build_train_loader
 
     def build_train_loader(dataset: Any, cfg: Any, env: Any, device: torch.device) -> Any:
         loader, sampler = original(dataset, cfg, env, device)
+        if not switch.on:
+            return loader, sampler
         batches = torch.utils.data.BatchSampler(sampler, cfg.batch_size, drop_last=True)
         fast = torch.utils.data.DataLoader(
             dataset,
@@ -79,14 +97,18 @@ def batch_indexing(package: str) -> None:
     data.build_train_loader = build_train_loader
 
 
-PATCHES: dict[str, Callable[[str], None]] = {
+PATCHES: dict[str, Callable[..., None]] = {
     "fused_adamw": fused_adamw,
     "foreach_clip": foreach_clip,
     "sparse_flags": sparse_flags,
     "batch_indexing": batch_indexing,
 }
+TOGGLEABLE = ("fused_adamw", "foreach_clip", "sparse_flags")
 
 
-def apply(names: list[str], package: str) -> None:
+def apply(names: list[str], package: str, switch: Switch | None = None) -> Switch:
+    """Install the named patches, all controlled by one switch (on unless given)."""
+    switch = switch or Switch(on=True)
     for name in names:
-        PATCHES[name](package)
+        PATCHES[name](package, switch)
+    return switch
