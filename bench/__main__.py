@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         print(message, flush=True)
 
     work = Path(tempfile.mkdtemp(prefix="ddp-bench-"))
-    started = time.time()
+    started, git = time.time(), git_state()  # the template is rendered from this state
     try:
         project = work / "project"
         render_s = render(project, PACKAGE)
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         "skipped": skipped,
         "machine": {"cpus": os.cpu_count(), "load_avg_before": load_before},
         "versions": versions(),
-        "git": git_state(),
+        "git": git,
         "summary": summary,
         "summary_cpu": summary_cpu,
         "data_wait": data_wait,

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=256, help="per micro-step")
     p.add_argument("--grad-accum-steps", type=int, default=4)
     p.add_argument("--num-samples", type=int, default=32768)
-    p.add_argument("--num-workers", type=int, default=4, help="DataLoader workers (both contenders)")
+    p.add_argument("--num-workers", type=int, default=8, help="DataLoader workers (both contenders)")
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--timed", type=int, default=100, help="100 holds the default eval + checkpoint")
     p.add_argument("--repeats", type=int, default=3)
