@@ -22,8 +22,9 @@ def build_optimizer(
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    # fused: one kernel for the whole update on GPUs; the default (foreach) elsewhere.
-    optimizer = torch.optim.AdamW(groups, lr=peak_lr, fused=device.type == "cuda")
+    # fused: one kernel for the whole update where torch has one (CUDA and CPU); it was 1.04-1.09x
+    # faster per step than the default on CPU in bench/ (same update up to float rounding).
+    optimizer = torch.optim.AdamW(groups, lr=peak_lr, fused=device.type in ("cuda", "cpu"))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
     return optimizer, scheduler
 
