@@ -162,6 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--retry-above", type=float, metavar="F", help="rerun a run once if others used > F of the cores"
     )
+    p.add_argument(
+        "--no-pin-malloc",
+        action="store_true",
+        help="leave glibc's adaptive mmap threshold alone (see harness.PIN_MALLOC)",
+    )
     p.add_argument("--no-data-wait", action="store_true", help="skip the --num-workers 2 runs")
     p.add_argument("--no-startup", action="store_true", help="skip CLI start-up timing")
     p.add_argument("--timeout", type=float, default=600, help="seconds one run may take")
@@ -215,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         project = work / "project"
         render_s = render(project, PACKAGE)
         log(f"rendered the working tree's template in {render_s:.2f} s: {project}")
-        env = environment(args.threads, project)
+        env = environment(args.threads, project, pin_malloc=not args.no_pin_malloc)
         load_before = os.getloadavg()
         runs = run_rounds(
             contenders,
@@ -263,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": repeats,
         "world_sizes": world_sizes,
         "threads_per_process": args.threads,
+        "malloc_pinned": not args.no_pin_malloc,
         "workload": {**asdict(w), "max_steps": w.max_steps, "params": w.params(), "optimizer": "AdamW"},
         "contenders": contenders,
         "descriptions": {c: DESCRIPTIONS[c] for c in contenders},

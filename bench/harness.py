@@ -204,7 +204,8 @@ def run_rounds(
                 log(
                     f"round {rnd + 1}/{repeats} W={ws} {c:<18}"
                     f"{fmt(record.get('samples_per_sec'), ',.0f'):>9} samples/s"
-                    f"  ({record.get('wall_s', 0):.1f} s, other load {fmt(pct(load), '.0f')}%){problem}"
+                    f"  ({record.get('wall_s', 0):.1f} s, other load {fmt(pct(load), '.0f')}%,"
+                    f" {fmt(record.get('page_faults_per_step'), '.0f')} page faults/step){problem}"
                 )
     return runs
 
@@ -226,6 +227,10 @@ def sps(
         if (r["contender"], r["world_size"], r["round"]) == (contender, ws, rnd) and "error" not in r:
             return r.get(key)
     return None
+
+
+def runs_of(runs: list[dict[str, Any]], contender: str, ws: int) -> list[dict[str, Any]]:
+    return [r for r in runs if (r["contender"], r["world_size"]) == (contender, ws) and "error" not in r]
 
 
 def ratios(runs: list[dict[str, Any]], a: str, b: str, ws: int, key: str = "samples_per_sec") -> list[float]:
@@ -254,6 +259,9 @@ def summarize(
                 "n": len(values),
                 "median_ratio_to_reference": median_or_none(ref_ratios),
                 "ratios_to_reference": ref_ratios,
+                "median_page_faults_per_step": median_or_none(
+                    [r["page_faults_per_step"] for r in runs_of(runs, c, ws) if "page_faults_per_step" in r]
+                ),
             }
         ours = [r for r in runs if r["world_size"] == ws and r["contender"] in contenders]
         data_wait = [r.get("self_data_wait_frac_median") for r in ours if r["contender"] == "generated"]
@@ -301,12 +309,24 @@ def git_state() -> dict[str, Any]:
     return {"commit": git("rev-parse", "HEAD"), "template_or_bench_modified": dirty}
 
 
-def environment(threads: int, project: Path) -> dict[str, str]:
+# glibc serves allocations >= its mmap threshold (128 KiB at start) with mmap, and raises the
+# threshold the first time such a block is freed. Whether that happened during a process's
+# set-up decides whether every 128 KiB activation and 4 MiB gradient of this workload is faulted
+# in afresh each step (thousands of page faults per step, ~15 % slower) or reused from the
+# heap: a per-process lottery measured here, unrelated to the loop being compared. Fixing both
+# thresholds (32 MiB is glibc's maximum) gives every contender the same, lucky, allocator.
+PIN_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+
+
+def environment(threads: int, project: Path, pin_malloc: bool = True) -> dict[str, str]:
     """The contenders' environment: threads per process, and both the repo and the project importable."""
-    return {
+    env = {
         **os.environ,
         "OMP_NUM_THREADS": str(threads),
         "MKL_NUM_THREADS": str(threads),
         "PYTHONPATH": os.pathsep.join([str(REPO), str(project / "src")]),
         "PYTHONUNBUFFERED": "1",
     }
+    if pin_malloc:
+        env.update(PIN_MALLOC)
+    return env

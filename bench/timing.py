@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import time
 from typing import Any
 
@@ -44,6 +45,7 @@ class StepClock:
         self.optimizer_type = optimizer_type
         self.times: list[float] = []
         self.cpu_times: list[float] = []  # CPU seconds of this process (all its threads)
+        self.faults: list[int] = []  # minor page faults of this process so far
         self._handle = register_optimizer_step_post_hook(self._hook)
 
     def _hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -55,6 +57,7 @@ class StepClock:
                 torch.cuda.synchronize(device)
         self.times.append(time.perf_counter())
         self.cpu_times.append(time.process_time())
+        self.faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
 
     def remove(self) -> None:
         self._handle.remove()
@@ -76,6 +79,9 @@ class StepClock:
             # taking turns on the cores; blind to communication latency and I/O waits.
             "cpu_samples_per_sec": timed * global_batch / cpu_seconds,
             "window_cpu_s": cpu_seconds,
+            # Page faults per step: large tensors that malloc serves by mmap/munmap fault in
+            # fresh zeroed pages on every allocation, a hidden per-process cost on CPU.
+            "page_faults_per_step": (self.faults[warmup + timed - 1] - self.faults[warmup - 1]) / timed,
             "timed_steps": timed,
             "warmup_steps": warmup,
             "optimizer_steps_seen": len(self.times),
