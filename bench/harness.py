@@ -85,6 +85,8 @@ def command(contender: str, world_size: int, w: Workload, out_dir: Path) -> list
     trainer = [*w.common_flags(), "--resume=never"]
     if base == "generated-quiet":  # nothing inside the window: only the (untimed) last step
         trainer += ["--log-every=1000000000", "--ckpt-every=0", "--eval-every=0"]
+    if base == "generated-noeval":  # defaults, but evaluation only at the (untimed) last step
+        trainer += ["--eval-every=0"]
     if base == "generated-workers2":
         trainer += ["--num-workers=2"]  # the later flag wins
     runner = [
@@ -267,10 +269,14 @@ def summarize(
         data_wait = [r.get("self_data_wait_frac_median") for r in ours if r["contender"] == "generated"]
         data_wait = [x for x in data_wait if x is not None]
         overheads = [100 * (1 - x) for x in ratios(runs, "generated", "generated-quiet", ws, key)]
+        log_ckpt = [100 * (1 - x) for x in ratios(runs, "generated-noeval", "generated-quiet", ws, key)]
+        evals = [100 * (1 - x) for x in ratios(runs, "generated", "generated-noeval", ws, key)]
         table[str(ws)] = {
             "contenders": rows,
             "overhead_pct_defaults_vs_quiet": median_or_none(overheads),
             "overheads_pct": overheads,
+            "overhead_pct_log_ckpt": median_or_none(log_ckpt),  # generated-noeval vs generated-quiet
+            "overhead_pct_eval": median_or_none(evals),  # generated vs generated-noeval
             "no_sync_gain": median_or_none(ratios(runs, "reference", "allreduce", ws, key)),
             "generated_vs": {
                 other: median_or_none(ratios(runs, "generated", other, ws, key))
