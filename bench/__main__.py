@@ -55,9 +55,11 @@ ALL_CONTENDERS = (
     "accelerate",
     "fabric",
 )
+EXTRA_CONTENDERS = ("reference-fused",)  # accepted by --contenders, not run by default
 OPTIONAL = {"accelerate": "accelerate", "fabric": "lightning"}  # contender -> module it needs
 DESCRIPTIONS = {
     "reference": "hand-written DDP loop, no_sync accumulation (bench/loops.py)",
+    "reference-fused": "the reference with AdamW(fused=True), as the generated trainer uses on CPU",
     "generated": "generated trainer, defaults: log every 10, eval + checkpoint every 100",
     "generated-noeval": "generated trainer, defaults but no evaluation inside the window",
     "generated-quiet": "generated trainer, no logging/eval/checkpoint inside the window",
@@ -200,8 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     contenders, skipped = [], {}
     for c in args.contenders.split(","):
         base, *patch_names = c.split("+")  # generated+fused_adamw: the trainer with a what-if fix
-        if base not in ALL_CONTENDERS or (patch_names and not base.startswith("generated")):
-            raise SystemExit(f"unknown contender {c!r}; choose from {', '.join(ALL_CONTENDERS)}")
+        known = ALL_CONTENDERS + EXTRA_CONTENDERS
+        if base not in known or (patch_names and not base.startswith("generated")):
+            raise SystemExit(f"unknown contender {c!r}; choose from {', '.join(known)}")
         if set(patch_names) - set(PATCHES):
             raise SystemExit(f"{c}: patches are {', '.join(PATCHES)} (bench/patches.py)")
         if patch_names:
