@@ -23,7 +23,8 @@ class Switch:
 
 
 def fused_adamw(package: str, switch: Switch) -> None:
-    """optim.py: `torch.optim.AdamW(..., fused=True)` on CPU too; today `fused=device.type == "cuda"`.
+    """optim.py: `torch.optim.AdamW(..., fused=True)` on CPU (applied in the template since
+    v0.2.0; off gives torch's CPU default, the for-loop AdamW, as before).
 
     Fused CPU AdamW exists since torch 2.4; same update up to float rounding.
     """
@@ -39,37 +40,22 @@ def fused_adamw(package: str, switch: Switch) -> None:
     torch.optim.AdamW.step = step  # type: ignore[method-assign]
 
 
-def foreach_clip(package: str, switch: Switch) -> None:
-    """train.py: `nn.utils.clip_grad_norm_(..., foreach=True)`; the default uses foreach on CUDA only."""
-    original = torch.nn.utils.clip_grad_norm_
-
-    @functools.wraps(original)
-    def clip(*args: Any, **kwargs: Any) -> Any:
-        if switch.on:
-            kwargs["foreach"] = True
-        return original(*args, **kwargs)
-
-    torch.nn.utils.clip_grad_norm_ = clip
-
-
-def sparse_flags(package: str, switch: Switch, every: int = 10) -> None:
-    """train.py/dist.py: agree on the SIGTERM/non-finite flags every `every` steps, not every step.
-
-    Stands in for: the non-finite check on the gradient norm alone (identical on every rank
-    after DDP's all-reduce, so a local isfinite() agrees without a collective) and a SIGTERM
-    check every k steps. Here the flags are simply computed locally in between.
+def async_flags(package: str, switch: Switch) -> None:
+    """dist.py: the SIGTERM/non-finite-loss flags all-reduced in the background and collected
+    a step later (AnyRankLater, applied in the template since v0.3.0). Off gives the code
+    before it: the flags all-reduced and read back within the step (`.wait()` + `.tolist()`).
     """
     dist = importlib.import_module(f"{package}.dist")
-    original: Callable[..., list[bool]] = dist.any_rank
-    calls = [0]
+    original = dist.AnyRankLater.start
 
-    def any_rank(flags: list[Any], device: torch.device) -> list[bool]:
-        calls[0] += 1
-        if not switch.on or calls[0] % every == 0:
-            return original(flags, device)
-        return [bool(torch.as_tensor(f)) for f in flags]
+    def start(self: Any, flags: list[Any], device: torch.device) -> None:
+        original(self, flags, device)
+        if not switch.on:
+            work, values = self._pending
+            work.wait()
+            values.tolist()
 
-    dist.any_rank = any_rank
+    dist.AnyRankLater.start = start
 
 
 def batch_indexing(package: str, switch: Switch) -> None:
@@ -99,11 +85,10 @@ def batch_indexing(package: str, switch: Switch) -> None:
 
 PATCHES: dict[str, Callable[..., None]] = {
     "fused_adamw": fused_adamw,
-    "foreach_clip": foreach_clip,
-    "sparse_flags": sparse_flags,
+    "async_flags": async_flags,
     "batch_indexing": batch_indexing,
 }
-TOGGLEABLE = ("fused_adamw", "foreach_clip", "sparse_flags")
+TOGGLEABLE = ("fused_adamw", "async_flags")
 
 
 def apply(names: list[str], package: str, switch: Switch | None = None) -> Switch:

@@ -110,7 +110,7 @@ class Preemption:
 
     SIGTERM is how SLURM, Kubernetes and torchrun ask a job to stop. Saving inside the handler
     could interrupt a collective, and ranks would save at different steps; instead the loop
-    checks the flag (agreed over all ranks) at the end of each optimizer step.
+    agrees on the flag over all ranks (AnyRankLater) and stops at a step boundary.
     """
 
     requested = False
@@ -201,10 +201,34 @@ def max_(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def any_rank(flags: list[torch.Tensor | bool], device: torch.device) -> list[bool]:
-    """For each flag, whether it is true on any rank: one small all-reduce, one host sync."""
-    values = torch.stack([torch.as_tensor(f, device=device).float() for f in flags])
-    return [bool(v) for v in max_(values).tolist()]
+class AnyRankLater:
+    """Whether flags are set on any rank, agreed in the background: the answer comes a step late.
+
+    A blocking all-reduce of the flags every step would make the ranks wait for each other a
+    second time per step (the gradient all-reduce is the first): it cost 6 % of throughput
+    with 2 CPU processes. Instead, start() launches the all-reduce (MAX) at the end of step N
+    and result() collects it during step N+1, by when it has long finished. Every rank calls
+    both at the same steps, so all of them get the same answer at the same step.
+    """
+
+    def __init__(self, num_flags: int) -> None:
+        self._num_flags = num_flags
+        self._pending: tuple[torch_dist.Work, torch.Tensor] | None = None
+
+    def start(self, flags: list[torch.Tensor | bool], device: torch.device) -> None:
+        """Start agreeing on this rank's flags (bools, or 0-dim tensors left on the device)."""
+        values = torch.stack([torch.as_tensor(f, device=device).float() for f in flags])
+        work = torch_dist.all_reduce(values, op=torch_dist.ReduceOp.MAX, async_op=True)
+        self._pending = (work, values)
+
+    def result(self) -> list[bool]:
+        """For each flag of the last start(), whether any rank set it (all False before any)."""
+        if self._pending is None:
+            return [False] * self._num_flags
+        work, values = self._pending
+        self._pending = None
+        work.wait()
+        return [bool(v) for v in values.tolist()]
 
 
 def all_gather_object(obj: Any) -> list[Any]:
