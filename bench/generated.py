@@ -7,6 +7,13 @@ result line on rank 0: throughput measured exactly as for the hand-written loops
 trainer itself wrote to OUT_DIR/metrics.jsonl over the timed steps (its own samples/s, which
 leaves out logging and checkpoint time, and the share of step time spent waiting for data).
 The project must be importable: PYTHONPATH=<project>/src.
+
+It also times, inside the same run, the trainer's calls that are not training: metrics
+(reduce_metrics, Logger.log), checkpoints (build_state, save) and evaluation. Their seconds
+inside the timed window, over the window's other seconds, are the overhead of logging,
+checkpointing and evaluation at the configured intervals: measured in one run, so free of the
+5-15 % that separate runs differ by on a shared machine. (On CPU every op is synchronous, so a
+call's wall time is its cost; rank 0 writes, the other ranks wait for it in the next collective.)
 """
 
 from __future__ import annotations
@@ -63,6 +70,48 @@ def read_metrics(out_dir: Path, first_step: int, last_step: int) -> dict[str, An
     return out
 
 
+# What is not training: (module, attribute, group) of the generated package.
+SIDE_WORK = (
+    ("metrics", "reduce_metrics", "log"),
+    ("metrics.Logger", "log", "log"),
+    ("checkpoint", "build_state", "checkpoint"),
+    ("checkpoint", "save", "checkpoint"),
+    ("train", "evaluate", "eval"),
+)
+
+
+class SideWorkTimer:
+    """Intervals spent in the trainer's logging, checkpoint and evaluation calls."""
+
+    def __init__(self, package: str) -> None:
+        self.intervals: list[tuple[str, float, float]] = []
+        for owner_path, attr, group in SIDE_WORK:
+            module_name, _, cls = owner_path.partition(".")
+            owner: Any = importlib.import_module(f"{package}.{module_name}")
+            if cls:
+                owner = getattr(owner, cls)
+            setattr(owner, attr, self._timed(getattr(owner, attr), group))
+
+    def _timed(self, fn: Any, group: str) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.intervals.append((group, started, time.perf_counter()))
+
+        return timed
+
+    def overhead_pct(self, start: float, end: float) -> dict[str, float]:
+        """Per group: 100 x seconds in it within [start, end] / the window's other seconds."""
+        inside = [(g, b - a) for g, a, b in self.intervals if a >= start and b <= end]
+        total = sum(d for _, d in inside)
+        groups = {g for _, _, g in SIDE_WORK}
+        out = {g: 100 * sum(d for h, d in inside if h == g) / (end - start - total) for g in groups}
+        out["log_ckpt"] = out["log"] + out["checkpoint"]
+        return {f"inrun_overhead_pct_{k}": v for k, v in out.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="run a generated trainer under the bench clock")
     parser.add_argument("--package", required=True)
@@ -77,10 +126,13 @@ def main() -> None:
     argv = args.trainer_args[1:] if args.trainer_args[:1] == ["--"] else args.trainer_args
     patches.apply(args.patch, args.package)
     train = importlib.import_module(f"{args.package}.train")
+    side_work = SideWorkTimer(args.package)  # train.py calls these through their modules
     clock = StepClock(args.warmup, args.timed)
     status = train.main([*argv, "--out-dir", str(args.out_dir)])
     if status == 0:
         record = {"contender": args.label, **clock.result(args.global_batch)}
+        window = clock.times[args.warmup - 1], clock.times[args.warmup + args.timed - 1]
+        record.update(side_work.overhead_pct(*window))
         record.update(read_metrics(args.out_dir, args.warmup, args.warmup + args.timed))
         emit(record)
     sys.exit(status)

@@ -31,7 +31,9 @@ def test_bench_quick_reports_every_installed_contender(tmp_path: Path) -> None:
     assert str(out) in done.stdout  # the results path is printed
 
     result = json.loads(out.read_text())
-    expected = {"reference", "generated", "generated-noeval", "generated-quiet", "allreduce"}
+    expected = {
+        "reference", "reference-fused", "generated", "generated-noeval", "generated-quiet", "allreduce"
+    }  # fmt: skip
     optional = {"accelerate": "accelerate", "fabric": "lightning"}
     expected |= {c for c, module in optional.items() if importlib.util.find_spec(module) is not None}
     assert set(result["contenders"]) == expected
