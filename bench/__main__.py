@@ -48,6 +48,7 @@ from .patches import PATCHES
 
 ALL_CONTENDERS = (
     "reference",
+    "reference-fused",
     "generated",
     "generated-noeval",
     "generated-quiet",
@@ -55,7 +56,7 @@ ALL_CONTENDERS = (
     "accelerate",
     "fabric",
 )
-EXTRA_CONTENDERS = ("reference-fused",)  # accepted by --contenders, not run by default
+EXTRA_CONTENDERS: tuple[str, ...] = ()  # accepted by --contenders, not run by default
 OPTIONAL = {"accelerate": "accelerate", "fabric": "lightning"}  # contender -> module it needs
 DESCRIPTIONS = {
     "reference": "hand-written DDP loop, no_sync accumulation (bench/loops.py)",
