@@ -56,7 +56,7 @@ ALL_CONTENDERS = (
     "accelerate",
     "fabric",
 )
-EXTRA_CONTENDERS: tuple[str, ...] = ()  # accepted by --contenders, not run by default
+EXTRA_CONTENDERS = ("generated-ckptonly", "generated-logonly")  # accepted by --contenders, not run by default
 OPTIONAL = {"accelerate": "accelerate", "fabric": "lightning"}  # contender -> module it needs
 DESCRIPTIONS = {
     "reference": "hand-written DDP loop, no_sync accumulation (bench/loops.py)",
@@ -64,6 +64,8 @@ DESCRIPTIONS = {
     "generated": "generated trainer, defaults: log every 10, eval + checkpoint every 100",
     "generated-noeval": "generated trainer, defaults but no evaluation inside the window",
     "generated-quiet": "generated trainer, no logging/eval/checkpoint inside the window",
+    "generated-ckptonly": "generated trainer, checkpoints at the default interval, no logging/eval",
+    "generated-logonly": "generated trainer, metrics lines at the default interval, no eval/checkpoints",
     "allreduce": "hand-written DDP loop, all-reduce on every micro-step",
     "accelerate": "Hugging Face Accelerate, accumulate()",
     "fabric": 'Lightning Fabric, strategy="ddp", no_backward_sync()',

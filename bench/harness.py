@@ -85,6 +85,10 @@ def command(contender: str, world_size: int, w: Workload, out_dir: Path) -> list
     trainer = [*w.common_flags(), "--resume=never"]
     if base == "generated-quiet":  # nothing inside the window: only the (untimed) last step
         trainer += ["--log-every=1000000000", "--ckpt-every=0", "--eval-every=0"]
+    if base == "generated-ckptonly":  # defaults, but no metrics lines or evaluation in the window
+        trainer += ["--log-every=1000000000", "--eval-every=0"]
+    if base == "generated-logonly":  # defaults, but no checkpoint or evaluation in the window
+        trainer += ["--ckpt-every=0", "--eval-every=0"]
     if base == "generated-noeval":  # defaults, but evaluation only at the (untimed) last step
         trainer += ["--eval-every=0"]
     if base == "generated-workers2":
