@@ -285,6 +285,9 @@ def test_ctrl_c_while_rendering_leaves_nothing(tmp_path: Path) -> None:
         [sys.executable, "-m", "generator", "p", "-y", "--template", slow],
         cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},
+        # A shell starts background jobs (`cmd &`) with SIGINT ignored, and children inherit
+        # that: Python would then ignore Ctrl-C too. Give the CLI a terminal's default.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     deadline = time.monotonic() + 60
     while not list(work.glob(".p.*")) and time.monotonic() < deadline:
