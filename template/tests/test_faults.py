@@ -115,7 +115,7 @@ def test_sigterm_to_torchrun_saves_and_the_rerun_is_unchanged(
 
 def test_sigterm_near_the_end_lets_the_run_finish(tmp_path: Path) -> None:
     # SIGTERM during step 9 of 10: the ranks agree on it during step 10, the last one, so the
-    # run simply finishes: the final checkpoint, no preemption message, every rank exits 0.
+    # run simply finishes: the final checkpoint and summary, no preemption message.
     status, output, _ = run_fault(tmp_path, "sigterm-launcher", 0, 9, *REFERENCE)
     assert status == 1 and "SignalException" in output, output  # torchrun itself was signalled
     assert "SIGTERM: saved" not in output and "done: 10 steps" in output, output
@@ -197,7 +197,7 @@ def test_nan_on_one_rank_stops_all_ranks_at_once(tmp_path: Path, precision: str)
     assert status == 1, output
     if precision == "fp16":
         # The NaN gradients reach both ranks, whose GradScalers skip step 3 as an overflow;
-        # the NaN loss itself is agreed on in the background and stops both after step 3.
+        # the NaN loss itself is agreed on in the background: both stop at step 4, unapplied.
         expected = "non-finite loss on some rank at step 3; all ranks stopped at step 4 without"
         assert saved_steps(tmp_path) == [1, 2, 3]
         assert read_metrics(tmp_path)[-1]["skipped_steps"] >= 1

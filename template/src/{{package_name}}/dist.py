@@ -205,7 +205,7 @@ class AnyRankLater:
     """Whether flags are set on any rank, agreed in the background: the answer comes a step late.
 
     A blocking all-reduce of the flags every step would make the ranks wait for each other a
-    second time per step (the gradient all-reduce is the first): it cost 6 % of throughput
+    second time per step (the gradient all-reduce is the first): up to 6 % of throughput
     with 2 CPU processes. Instead, start() launches the all-reduce (MAX) at the end of step N
     and result() collects it during step N+1, by when it has long finished. Every rank calls
     both at the same steps, so all of them get the same answer at the same step.
