@@ -105,6 +105,9 @@ def _store(env: DistEnv, timeout: timedelta) -> torch_dist.Store | None:
     return None
 
 
+USAGE_ERROR_GRACE_S = 5.0  # see report_usage_error
+
+
 class Preemption:
     """While active, SIGTERM only sets `requested`.
 
@@ -124,6 +127,24 @@ class Preemption:
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.requested = True
+
+
+def report_usage_error(message: str, env: DistEnv, preemption: Preemption) -> None:
+    """Print a mistake in the settings once, not once per rank.
+
+    Every rank checks the same settings, so rank 0 reports and the others stay silent: once
+    rank 0 has exited, torchrun stops them with SIGTERM. A rank that gets no SIGTERM within a
+    few seconds found a mistake of its own (a GPU that does not exist on its node, say), which
+    rank 0 cannot report, and reports it itself.
+    """
+    if env.rank != 0:
+        deadline = time.monotonic() + USAGE_ERROR_GRACE_S
+        while not preemption.requested and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if preemption.requested:
+            return
+        message = f"rank {env.rank}: {message}"
+    print(f"error: {message}", file=sys.stderr, flush=True)
 
 
 def cleanup(clean_exit: bool) -> None:
