@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import importlib.util
-import json
 import os
 import shutil
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from . import startup
-from .generated import REPO, render
+from .generated import render
 from .harness import (
     PACKAGE,
     Workload,
@@ -41,6 +40,7 @@ from .harness import (
     pct,
     run_one,
     run_rounds,
+    save_results,
     summarize,
     versions,
 )
@@ -304,9 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         "startup": startup_result,
         "runs": runs,
     }
-    path = args.json or REPO / "bench" / "results" / f"bench-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
+    path = save_results("bench", result, args.json)
     print_report(result)
     print(f"\nresults: {path}  ({result['duration_s'] / 60:.1f} min)")
     foreign = [s["foreign_cpu_median"] for s in summary.values() if s["foreign_cpu_median"] is not None]

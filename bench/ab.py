@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import statistics
 import subprocess
@@ -31,7 +30,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import patches
 from .generated import REPO, render
-from .harness import PACKAGE, Workload, environment, torchrun
+from .harness import PACKAGE, Workload, environment, save_results, torchrun
 from .timing import emit, parse
 
 
@@ -135,9 +134,7 @@ def main() -> None:
                     f" {result['pairs']} block pairs of {args.block} steps",
                     flush=True,
                 )
-    path = args.json or REPO / "bench" / "results" / f"ab-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2))
+    path = save_results("ab", results, args.json)
     print(f"results: {path}")
 
 

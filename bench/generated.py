@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from . import patches
-from .timing import StepClock, emit
+from .timing import StepClock, Timers, emit
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -80,36 +80,23 @@ SIDE_WORK = (
 )
 
 
-class SideWorkTimer:
-    """Intervals spent in the trainer's logging, checkpoint and evaluation calls."""
+def time_side_work(package: str, timers: Timers) -> None:
+    """Wrap the trainer's logging, checkpoint and evaluation calls with the window's timers
+    (train.py calls them through their modules, so the wrappers are what it calls)."""
+    for owner_path, attr, group in SIDE_WORK:
+        module_name, _, cls = owner_path.partition(".")
+        owner: Any = importlib.import_module(f"{package}.{module_name}")
+        if cls:
+            owner = getattr(owner, cls)
+        timers.wrap(owner, attr, group)
 
-    def __init__(self, package: str) -> None:
-        self.intervals: list[tuple[str, float, float]] = []
-        for owner_path, attr, group in SIDE_WORK:
-            module_name, _, cls = owner_path.partition(".")
-            owner: Any = importlib.import_module(f"{package}.{module_name}")
-            if cls:
-                owner = getattr(owner, cls)
-            setattr(owner, attr, self._timed(getattr(owner, attr), group))
 
-    def _timed(self, fn: Any, group: str) -> Any:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.intervals.append((group, started, time.perf_counter()))
-
-        return timed
-
-    def overhead_pct(self, start: float, end: float) -> dict[str, float]:
-        """Per group: 100 x seconds in it within [start, end] / the window's other seconds."""
-        inside = [(g, b - a) for g, a, b in self.intervals if a >= start and b <= end]
-        total = sum(d for _, d in inside)
-        groups = {g for _, _, g in SIDE_WORK}
-        out = {g: 100 * sum(d for h, d in inside if h == g) / (end - start - total) for g in groups}
-        out["log_ckpt"] = out["log"] + out["checkpoint"]
-        return {f"inrun_overhead_pct_{k}": v for k, v in out.items()}
+def side_work_overhead_pct(timers: Timers, window_s: float) -> dict[str, float]:
+    """Per group: 100 x its seconds inside the timed window / the window's other seconds."""
+    other = window_s - sum(timers.seconds.values())
+    out = {group: 100 * timers.seconds[group] / other for _, _, group in SIDE_WORK}
+    out["log_ckpt"] = out["log"] + out["checkpoint"]
+    return {f"inrun_overhead_pct_{k}": v for k, v in out.items()}
 
 
 def main() -> None:
@@ -126,13 +113,13 @@ def main() -> None:
     argv = args.trainer_args[1:] if args.trainer_args[:1] == ["--"] else args.trainer_args
     patches.apply(args.patch, args.package)
     train = importlib.import_module(f"{args.package}.train")
-    side_work = SideWorkTimer(args.package)  # train.py calls these through their modules
     clock = StepClock(args.warmup, args.timed)
+    timers = Timers(clock, args.warmup, args.timed)
+    time_side_work(args.package, timers)
     status = train.main([*argv, "--out-dir", str(args.out_dir)])
     if status == 0:
         record = {"contender": args.label, **clock.result(args.global_batch)}
-        window = clock.times[args.warmup - 1], clock.times[args.warmup + args.timed - 1]
-        record.update(side_work.overhead_pct(*window))
+        record.update(side_work_overhead_pct(timers, record["window_s"]))
         record.update(read_metrics(args.out_dir, args.warmup, args.warmup + args.timed))
         emit(record)
     sys.exit(status)

@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import shutil
 import sys
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from .generated import REPO, render
-from .harness import PACKAGE, Workload, environment, fmt, run_rounds, summarize, versions
+from .generated import render
+from .harness import PACKAGE, Workload, environment, fmt, run_rounds, save_results, summarize, versions
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,9 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "runs": runs,
     }
-    path = args.json or REPO / "bench" / "results" / f"gpu-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
+    path = save_results("gpu", result, args.json)
     print(f"\nresults: {path}")
     return 1 if any("error" in r for r in runs) else 0
 

@@ -11,6 +11,7 @@ not ours, as a share of all cores), so noisy runs can be spotted, waited out or 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import platform
 import resource
@@ -283,7 +284,7 @@ def summarize(
 
         table[str(ws)] = {
             "contenders": rows,
-            # Measured inside the generated runs (bench.generated.SideWorkTimer): the reliable figures.
+            # Measured inside the generated runs (bench.generated.time_side_work): the reliable figures.
             "inrun_overhead_pct_log_ckpt": inrun("log_ckpt"),
             "inrun_overhead_pct_log": inrun("log"),
             "inrun_overhead_pct_checkpoint": inrun("checkpoint"),
@@ -302,6 +303,14 @@ def summarize(
             "foreign_cpu_median": median_or_none([r["foreign_cpu"] for r in ours if "foreign_cpu" in r]),
         }
     return table
+
+
+def save_results(kind: str, data: Any, path: Path | None = None) -> Path:
+    """Write a command's results as JSON: to `path`, or to bench/results/KIND-DATE.json."""
+    path = path or REPO / "bench" / "results" / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2))
+    return path
 
 
 def fmt(value: float | None, spec: str) -> str:

@@ -20,23 +20,21 @@ from __future__ import annotations
 import argparse
 import ast
 import collections
-import functools
 import importlib
-import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .generated import REPO, read_metrics, render
-from .timing import StepClock, emit, parse
+from .harness import save_results
+from .timing import StepClock, Timers, emit, parse
 
 PACKAGE = "benchproj"
 WORKLOAD = [
@@ -51,53 +49,6 @@ WORKLOAD = [
     "--resume=never",
 ]
 SYNC_METHODS = ("item", "tolist", "__bool__", "__float__", "__int__")
-
-
-class Timers:
-    """Wall time and call counts per component, counted only inside the timed window."""
-
-    def __init__(self, clock: StepClock, warmup: int, timed: int) -> None:
-        self.clock, self.warmup, self.timed = clock, warmup, timed
-        self.seconds: dict[str, float] = collections.defaultdict(float)
-        self.calls: dict[str, int] = collections.defaultdict(int)
-        self.syncs: dict[str, int] = collections.defaultdict(int)
-        self.depth = 0
-
-    def active(self) -> bool:
-        # Steps warmup+1 .. warmup+timed: after `warmup` optimizer steps, before the window ends.
-        return self.warmup <= len(self.clock.times) < self.warmup + self.timed
-
-    def wrap(self, owner: Any, attr: str, name: str, data_wait_from_result: bool = False) -> None:
-        original = getattr(owner, attr)
-
-        @functools.wraps(original)
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            if not self.active():
-                return original(*args, **kwargs)
-            started = time.perf_counter()
-            result = original(*args, **kwargs)
-            seconds = time.perf_counter() - started
-            if data_wait_from_result:  # forward_backward returns (loss, seconds waiting for data)
-                self.seconds["data (next(batches))"] += result[1]
-                seconds -= result[1]
-            self.seconds[name] += seconds
-            self.calls[name] += 1
-            return result
-
-        setattr(owner, attr, timed)
-
-    def count(self, owner: Any, attr: str, name: str) -> None:
-        """Count calls per caller (file:function), e.g. Tensor.item from AdamW's step counter."""
-        original = getattr(owner, attr)
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            if self.active():
-                caller = sys._getframe(1).f_code
-                where = f"{Path(caller.co_filename).parent.name}/{Path(caller.co_filename).name}"
-                self.syncs[f"{name} in {where}:{caller.co_name}"] += 1
-            return original(*args, **kwargs)
-
-        setattr(owner, attr, counted)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -288,9 +239,7 @@ def main() -> None:
                     print(f"  {100 * share:5.1f}%  {frame}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    path = args.json or REPO / "bench" / "results" / f"profile-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2))
+    path = save_results("profile", report, args.json)
     print(f"\nresults: {path}")
 
 

@@ -19,10 +19,14 @@ less than wall time, but it leaves out time spent waiting (for peers, for the di
 
 from __future__ import annotations
 
+import collections
+import functools
 import json
 import os
 import resource
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -89,6 +93,52 @@ class StepClock:
             "threads": torch.get_num_threads(),
             "world_size": int(os.environ.get("WORLD_SIZE", 1)),
         }
+
+
+class Timers:
+    """Wall time and call counts per component, counted only inside the timed window."""
+
+    def __init__(self, clock: StepClock, warmup: int, timed: int) -> None:
+        self.clock, self.warmup, self.timed = clock, warmup, timed
+        self.seconds: dict[str, float] = collections.defaultdict(float)
+        self.calls: dict[str, int] = collections.defaultdict(int)
+        self.syncs: dict[str, int] = collections.defaultdict(int)
+
+    def active(self) -> bool:
+        # Steps warmup+1 .. warmup+timed: after `warmup` optimizer steps, before the window ends.
+        return self.warmup <= len(self.clock.times) < self.warmup + self.timed
+
+    def wrap(self, owner: Any, attr: str, name: str, data_wait_from_result: bool = False) -> None:
+        original = getattr(owner, attr)
+
+        @functools.wraps(original)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if not self.active():
+                return original(*args, **kwargs)
+            started = time.perf_counter()
+            result = original(*args, **kwargs)
+            seconds = time.perf_counter() - started
+            if data_wait_from_result:  # forward_backward returns (loss, seconds waiting for data)
+                self.seconds["data (next(batches))"] += result[1]
+                seconds -= result[1]
+            self.seconds[name] += seconds
+            self.calls[name] += 1
+            return result
+
+        setattr(owner, attr, timed)
+
+    def count(self, owner: Any, attr: str, name: str) -> None:
+        """Count calls per caller (file:function), e.g. Tensor.item from AdamW's step counter."""
+        original = getattr(owner, attr)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if self.active():
+                caller = sys._getframe(1).f_code
+                where = f"{Path(caller.co_filename).parent.name}/{Path(caller.co_filename).name}"
+                self.syncs[f"{name} in {where}:{caller.co_name}"] += 1
+            return original(*args, **kwargs)
+
+        setattr(owner, attr, counted)
 
 
 def emit(record: dict[str, Any]) -> None:
