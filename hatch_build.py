@@ -1,15 +1,15 @@
 """Wheel build hook: ship the template's version history as a git bundle.
 
 `ddp-new update` needs the template as it was when a project was rendered, on any
-machine and offline, so the wheel carries every release tag of this repository in
-`generator/_bundled/template.bundle`. A build outside a git checkout (from an sdist)
-ships without it: rendering works, updating does not.
+machine and offline, so the wheel carries the history of this repository in
+`generator/_bundled/template.bundle`, with a tag `vX.Y.Z` for every release recorded in
+`releases.toml` (generator/releases.py; the checkout's own tags may be missing). A build
+outside a git checkout (from an sdist) ships without it: rendering works, updating does not.
 """
 
 from __future__ import annotations
 
-import re
-import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -26,17 +26,12 @@ class TemplateBundleHook(BuildHookInterface):
         if not (root / ".git").exists():
             self.app.display_warning("not a git checkout: the wheel ships no template history")
             return
-        self._check_release_tag(root)
-        bundle = Path(tempfile.mkdtemp()) / "template.bundle"
-        subprocess.run(["git", "bundle", "create", "-q", str(bundle), "HEAD", "--tags"], cwd=root, check=True)
-        build_data["force_include"][str(bundle)] = "generator/_bundled/template.bundle"
+        sys.path.insert(0, str(root))  # the build environment has the source, not the package
+        from generator.releases import build_bundle
 
-    def _check_release_tag(self, root: Path) -> None:
-        """A release tag on HEAD must name the package version: one version for package and template."""
-        tags = subprocess.run(
-            ["git", "tag", "--points-at", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.split()
-        version = self.metadata.version
-        for tag in tags:
-            if re.fullmatch(r"v\d+\.\d+\.\d+", tag) and tag != f"v{version}":
-                raise RuntimeError(f"HEAD is tagged {tag} but the package version is {version}")
+        bundle = Path(tempfile.mkdtemp()) / "template.bundle"
+        rendered, warnings = build_bundle(root, bundle)
+        for warning in warnings:
+            self.app.display_warning(warning)
+        self.app.display_info(f"template history bundled; the wheel renders {rendered}")
+        build_data["force_include"][str(bundle)] = "generator/_bundled/template.bundle"

@@ -187,14 +187,23 @@ def update(
     except KeyboardInterrupt:
         typer.echo("interrupted; check `git status` and `git checkout .` to undo", err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
+    if report.up_to_date:
+        typer.echo(f"{path.resolve()} is already up to date (template {report.new_version})")
+        return
     typer.echo(f"Updated {path.resolve()} from template {report.old_version} to {report.new_version}")
     for label, paths in (("added", report.added), ("changed", report.changed), ("removed", report.removed)):
         for item in paths:
             typer.echo(f"  {label:<8} {item}")
-    if report.conflicts:
-        typer.echo("error: conflicts to resolve (edit the <<<<<<< markers, then commit):", err=True)
+    if report.conflicts or report.kept:
+        typer.echo("error: conflicts to resolve, then commit:", err=True)
         for item in report.conflicts:
-            typer.echo(f"  conflict {item}", err=True)
+            typer.echo(f"  conflict {item}  (edit the <<<<<<< markers)", err=True)
+        for item in report.kept:
+            typer.echo(
+                f"  conflict {item}  (the new template dropped or moved this file, which you had"
+                " changed: your version is kept; carry your changes over, then delete it)",
+                err=True,
+            )
         raise typer.Exit(EXIT_CONFLICTS)
     typer.echo("Review with `git diff`, then commit.")
 

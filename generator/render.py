@@ -1,7 +1,7 @@
 """Render a copier template into a new project directory, all or nothing.
 
-The project is rendered into a hidden temporary directory beside the target and moved
-into place only when rendering succeeded, so a failure or Ctrl-C leaves nothing behind.
+The project is rendered into a hidden temporary directory and moved into place only when
+rendering succeeded, so a failure or Ctrl-C leaves the target as it was.
 """
 
 from __future__ import annotations
@@ -10,8 +10,15 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 from generator.errors import EXIT_FAILED, EXIT_UNSAFE, GeneratorError
 
@@ -43,12 +50,26 @@ def check_target(target: Path, force: bool) -> None:
     """Refuse a target that exists and is not an empty directory, unless forced."""
     if target.is_symlink() or (target.exists() and not target.is_dir()):
         raise GeneratorError(f"{target} exists and is not a directory")
-    if target.is_dir() and any(target.iterdir()) and not force:
-        raise GeneratorError(f"{target} exists and is not empty; pass --force to render into it")
+    if target.is_dir():
+        if _own_entries(target) and not force:
+            raise GeneratorError(f"{target} exists and is not empty; pass --force to render into it")
+        if not os.access(target, os.W_OK | os.X_OK):
+            raise GeneratorError(f"cannot write to {target}: permission denied")
+        return
     if not target.parent.is_dir():
-        raise GeneratorError(f"{target.parent} does not exist; create it first")
+        what = "is not a directory" if target.parent.exists() else "does not exist"
+        raise GeneratorError(f"{target.parent} {what}; create the directory first")
     if not os.access(target.parent, os.W_OK | os.X_OK):
         raise GeneratorError(f"cannot write to {target.parent}: permission denied")
+
+
+def _own_entries(target: Path) -> list[Path]:
+    """The entries of an existing target, without the scratch files of ddp-new renders."""
+    return [entry for entry in target.iterdir() if not _is_scratch(entry.name, target.name)]
+
+
+def _is_scratch(name: str, target_name: str) -> bool:
+    return name.startswith(f".{target_name}.") and name.endswith((".ddp-new", ".ddp-new.lock"))
 
 
 def check_template(src: str) -> str:
@@ -77,19 +98,61 @@ def render(
     vcs_ref: str | None = None,
     git: bool = False,
 ) -> None:
-    """Render `src` into `target`; on any failure nothing is left at or beside `target`."""
+    """Render `src` into `target`; on any failure the target is left as it was.
+
+    A new project is rendered into a hidden scratch directory beside the target and renamed
+    into place; an existing (empty, or --force) target holds the scratch directory itself, so
+    that files move within one file system, and gets the files one by one, undone on failure.
+    A lock held meanwhile makes a second render into the same target fail instead of mixing.
+    """
     check_target(target, force)
+    scratch = target if target.is_dir() else target.parent
+    with claim(scratch / f".{target.name}.ddp-new.lock", target):
+        check_target(target, force)  # again: another render may have finished meanwhile
+        for stale in scratch.glob(f".{target.name}.*.ddp-new"):
+            shutil.rmtree(stale, ignore_errors=True)  # left by a render that was killed
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".ddp-new", dir=scratch))
+        except OSError as error:
+            raise GeneratorError(f"cannot write to {scratch}: {error.strerror}") from None
+        try:
+            _run_copy(src, tmp, data, defaults=defaults, trust=trust, vcs_ref=vcs_ref)
+            if git:
+                _git_commit(tmp)
+            _publish(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def claim(lock: Path, target: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `lock` (a file), or refuse: another ddp-new renders `target`."""
+    busy = GeneratorError(
+        f"another ddp-new is rendering into {target} right now; wait for it to finish or choose another name"
+    )
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | (0 if fcntl else os.O_EXCL), 0o644)
+        except FileExistsError:  # no fcntl (Windows): the file itself is the lock
+            raise busy from None
+        except OSError as error:
+            raise GeneratorError(f"cannot write to {lock.parent}: {error.strerror}") from None
+        try:
+            if fcntl:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise busy from None
+        # The previous holder may have deleted the file between our open and flock.
+        if not lock.exists() or os.stat(lock).st_ino != os.fstat(fd).st_ino:
+            os.close(fd)
+            continue
+        break
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".ddp-new", dir=target.parent))
-    except OSError as error:
-        raise GeneratorError(f"cannot write to {target.parent}: {error.strerror}") from None
-    try:
-        _run_copy(src, tmp, data, defaults=defaults, trust=trust, vcs_ref=vcs_ref)
-        if git:
-            _git_commit(tmp)
-        _move_into_place(tmp, target)
+        yield
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        lock.unlink(missing_ok=True)  # still holding it: nobody can take the deleted file
+        os.close(fd)
 
 
 def _run_copy(
@@ -142,26 +205,90 @@ def _run_copy(
 
 def _git_commit(project: Path) -> None:
     """Make the rendered project a git repository with one commit: updates need a clean work tree."""
-    import subprocess
+    from generator.git import git
 
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "Initial commit"]):
-        try:
-            proc = subprocess.run(["git", *args], cwd=project, capture_output=True, text=True)
-        except FileNotFoundError:
-            raise GeneratorError("--git needs git, which is not installed", exit_code=EXIT_FAILED) from None
-        if proc.returncode != 0:
-            detail = (proc.stderr.strip().splitlines() or ["no message"])[-1]
-            raise GeneratorError(f"git {args[0]} failed: {detail}", exit_code=EXIT_FAILED)
+        git(project, *args)
 
 
-def _move_into_place(tmp: Path, target: Path) -> None:
-    """Publish the rendered tree: one rename when the target is new or empty."""
+def _publish(tmp: Path, target: Path) -> None:
+    """Move the rendered tree into place: one rename for a new target, else file by file."""
     umask = os.umask(0)
     os.umask(umask)
     tmp.chmod(0o777 & ~umask)  # mkdtemp makes the directory private; a project should not be
-    if target.is_dir() and not any(target.iterdir()):
-        target.rmdir()
     if not target.exists():
-        os.replace(tmp, target)
+        try:
+            os.rename(tmp, target)
+        except OSError as error:
+            raise GeneratorError(
+                f"cannot create {target}: {error.strerror}; nothing was written", exit_code=EXIT_FAILED
+            ) from None
         return
-    shutil.copytree(tmp, target, dirs_exist_ok=True)  # --force into a non-empty directory
+    _check_clashes(tmp, target)
+    _Merge(target).run(tmp)
+
+
+def _check_clashes(tmp: Path, target: Path) -> None:
+    """Refuse to merge into a target whose entries have another kind than the project's."""
+    for root, dirs, files in os.walk(tmp):
+        for name in dirs + files:
+            new = Path(root, name)
+            old = target / new.relative_to(tmp)
+            if not (old.exists() or old.is_symlink()):
+                continue
+            if name in dirs and (old.is_symlink() or not old.is_dir()):
+                kind = "a symbolic link" if old.is_symlink() else "a file"
+                raise GeneratorError(
+                    f"--force: {old} is {kind} where the project has a directory;"
+                    " move it away first (nothing was written)"
+                )
+            if name in files and old.is_dir() and not old.is_symlink():
+                raise GeneratorError(
+                    f"--force: {old} is a directory where the project has a file;"
+                    " move it away first (nothing was written)"
+                )
+
+
+class _Merge:
+    """Move a rendered tree into an existing directory; undo every move if one fails."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+        self.created: list[Path] = []  # paths moved into the target, in order
+        self.replaced: list[tuple[Path, Path]] = []  # (path in target, its saved original)
+
+    def run(self, tmp: Path) -> None:
+        backup = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.", suffix=".ddp-new", dir=self.target))
+        try:
+            self._merge(tmp, self.target, backup)
+        except OSError as error:
+            self._undo()
+            where = error.filename or self.target
+            raise GeneratorError(
+                f"cannot write {where}: {error.strerror}; {self.target} was left as it was",
+                exit_code=EXIT_FAILED,
+            ) from None
+        finally:
+            shutil.rmtree(backup, ignore_errors=True)
+
+    def _merge(self, src_dir: Path, dst_dir: Path, backup: Path) -> None:
+        for src in sorted(src_dir.iterdir()):
+            dst = dst_dir / src.name
+            if src.is_dir() and dst.is_dir():
+                self._merge(src, dst, backup / src.name)
+                continue
+            if dst.exists() or dst.is_symlink():
+                backup.mkdir(parents=True, exist_ok=True)
+                os.replace(dst, backup / src.name)
+                self.replaced.append((dst, backup / src.name))
+            os.replace(src, dst)  # a whole new directory moves in one rename
+            self.created.append(dst)
+
+    def _undo(self) -> None:
+        for path in reversed(self.created):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        for path, saved in reversed(self.replaced):
+            os.replace(saved, path)

@@ -1,9 +1,11 @@
 """Where the bundled template comes from, so that projects can be updated later.
 
-The template's version history (every released tag) ships inside the wheel as a git
-bundle, `_bundled/template.bundle`. Projects record a path that is the same on every
-machine, `~/.local/share/ddp-new/template.bundle`: a symbolic link that ddp-new points at
-the bundle of the installed package each time it runs. So:
+The template's version history ships inside the wheel as a git bundle,
+`_bundled/template.bundle`, with a tag `vX.Y.Z` per release (releases.py: the tags are made
+from `releases.toml`, not taken from the checkout, which may have none). Projects record a
+path that is the same on every machine, `~/.local/share/ddp-new/template.bundle`: a
+symbolic link that ddp-new points at the bundle of the installed package each time it runs.
+So:
 
 - plain `copier update` works offline on the machine that rendered the project, and keeps
   working after `pip install -U ddp-new` (the link's target is replaced in place);
@@ -11,19 +13,20 @@ the bundle of the installed package each time it runs. So:
   link first, and the bundle holds the old version copier needs to compute the diff.
 
 In a source checkout (an editable install) the bundle is made from the checkout's
-committed history on each run, so a render never records a commit that does not exist.
+committed history on each run, the same way, so a render never records a commit that does
+not exist.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import subprocess
 import tempfile
 from pathlib import Path
 
 from generator import __version__
 from generator.errors import EXIT_FAILED, GeneratorError
+from generator.git import git
 from generator.questions import PACKAGE_DIR
 
 LINK = "~/.local/share/ddp-new/template.bundle"  # recorded as _src_path in every project
@@ -44,20 +47,34 @@ def packaged_bundle() -> Path | None:
         return shipped
     checkout = PACKAGE_DIR.parent
     if (checkout / ".git").exists() and (checkout / "copier.yml").is_file():
-        return _bundle_checkout(checkout, link_path().parent / "dev" / "template.bundle")
+        from generator.releases import build_bundle
+
+        out = link_path().parent / "dev" / "template.bundle"
+        try:
+            build_bundle(checkout, out)
+        except OSError as error:
+            raise _home_error(error) from None
+        return out
     return None  # a wheel built without git history: renders work, updates do not
 
 
-def _bundle_checkout(repo: Path, out: Path) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    _git(repo, "bundle", "create", "-q", str(tmp), "HEAD", "--tags")
-    os.replace(tmp, out)
-    return out
+def _home_error(error: OSError) -> GeneratorError:
+    return GeneratorError(
+        f"cannot write {link_path().parent}: {error.strerror}. ddp-new keeps the link to its"
+        " template history there; make it writable (or set HOME to a writable directory)",
+        exit_code=EXIT_FAILED,
+    )
 
 
 def point_link_at(bundle: Path) -> str:
     """Make LINK lead to `bundle` (atomically) and return LINK, the path to record."""
+    try:
+        return _point_link_at(bundle)
+    except OSError as error:
+        raise _home_error(error) from None
+
+
+def _point_link_at(bundle: Path) -> str:
     link = link_path()
     link.parent.mkdir(parents=True, exist_ok=True)
     if link.is_symlink() and link.resolve() == bundle.resolve():
@@ -82,14 +99,14 @@ def refresh_link() -> None:
     shipped = Path(override) if override else PACKAGE_DIR / "_bundled" / "template.bundle"
     if shipped.is_file():
         try:
-            point_link_at(shipped)
+            _point_link_at(shipped)
         except OSError:
             pass  # a read-only home: rendering and updating will report it
 
 
 def version_tags(bundle: Path) -> tuple[list[str], bool]:
     """Release tags `vX.Y.Z` in the bundle, oldest first, and whether it also holds a HEAD."""
-    heads = _git(tempfile.gettempdir(), "bundle", "list-heads", str(bundle)).split()
+    heads = git(tempfile.gettempdir(), "bundle", "list-heads", str(bundle)).split()
     tags = [ref.removeprefix("refs/tags/") for ref in heads if ref.startswith("refs/tags/")]
     releases = [tag for tag in tags if VERSION_TAG.match(tag)]
     releases.sort(key=lambda tag: tuple(int(n) for n in VERSION_TAG.match(tag).groups()))
@@ -97,13 +114,14 @@ def version_tags(bundle: Path) -> tuple[list[str], bool]:
 
 
 def pick_ref(bundle: Path) -> str:
-    """The template version this ddp-new renders: its own release tag, else the bundle's HEAD
-    (a build between releases), else the newest release in the bundle."""
+    """The template version this ddp-new renders: the bundle's HEAD, which the build set to the
+    newest release when the template is unchanged since (releases.build_bundle); a bundle
+    without HEAD: this ddp-new's own release, else the newest release in it."""
     releases, has_head = version_tags(bundle)
-    if f"v{__version__}" in releases:
-        return f"v{__version__}"
     if has_head or not releases:
         return "HEAD"
+    if f"v{__version__}" in releases:
+        return f"v{__version__}"
     return releases[-1]
 
 
@@ -115,14 +133,3 @@ def bundled_source() -> tuple[str, str | None]:
 
         return str(bundled_template()), None
     return point_link_at(bundle), pick_ref(bundle)
-
-
-def _git(cwd: Path | str, *args: str) -> str:
-    try:
-        proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True)
-    except FileNotFoundError:
-        raise GeneratorError("git is not installed; ddp-new needs it", exit_code=EXIT_FAILED) from None
-    except subprocess.CalledProcessError as error:
-        detail = (error.stderr.strip().splitlines() or ["no message"])[-1]
-        raise GeneratorError(f"git {args[0]} failed: {detail}", exit_code=EXIT_FAILED) from None
-    return proc.stdout

@@ -2,18 +2,20 @@
 
 copier does the three-way merge. This module adds what copier leaves to the user: refusing
 a dirty or non-git project up front, pointing copier at this installation's template
-history, and reporting conflicts (copier exits 0 even when it leaves conflict markers).
+history, reporting conflicts (copier exits 0 even when it leaves conflict markers), and
+keeping files that the user changed but the new template no longer has (copier deletes them).
 """
 
 from __future__ import annotations
 
 import re
-import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from generator.errors import EXIT_FAILED, EXIT_USAGE, GeneratorError
+from generator.errors import EXIT_FAILED, EXIT_UNSAFE, EXIT_USAGE, GeneratorError
+from generator.git import git
 from generator.templates import LINK, packaged_bundle, pick_ref, point_link_at
 
 ANSWERS = ".copier-answers.yml"
@@ -27,15 +29,12 @@ class UpdateReport:
     added: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
-    conflicts: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)  # merge conflicts: <<<<<<< markers or .rej
+    kept: list[str] = field(default_factory=list)  # changed by the user, dropped by the template
 
-
-def git(project: Path, *args: str) -> str:
-    proc = subprocess.run(["git", "-C", str(project), *args], capture_output=True, text=True)
-    if proc.returncode != 0:
-        detail = (proc.stderr.strip().splitlines() or ["no message"])[-1]
-        raise GeneratorError(f"git {args[0]} failed in {project}: {detail}", exit_code=EXIT_FAILED)
-    return proc.stdout
+    @property
+    def up_to_date(self) -> bool:
+        return not (self.added or self.changed or self.removed or self.conflicts or self.kept)
 
 
 def read_answers(project: Path) -> dict[str, Any]:
@@ -54,10 +53,7 @@ def check_clean_git(project: Path) -> None:
     """Refuse a project that is not a git work tree or has uncommitted or untracked files."""
     if not project.is_dir():
         raise GeneratorError(f"{project} is not a directory")
-    probe = subprocess.run(
-        ["git", "-C", str(project), "rev-parse", "--is-inside-work-tree"], capture_output=True, text=True
-    )
-    if probe.returncode != 0 or probe.stdout.strip() != "true":
+    if git(project, "rev-parse", "--is-inside-work-tree", check=False).strip() != "true":
         raise GeneratorError(
             f"{project} is not a git repository; updating needs one to merge safely:"
             " git init && git add -A && git commit -m 'Initial commit'"
@@ -91,7 +87,10 @@ def update(
         trust = True  # the template shipped with ddp-new itself; its migrations are ours
     old_version = str(answers.get("_commit", "?"))
     _run_update(project, data, vcs_ref=vcs_ref, trust=trust)
-    return _report(project, old_version)
+    report = _report(project, old_version)
+    if report.removed:
+        _keep_user_changed(project, answers, report, trust=trust)
+    return report
 
 
 def _run_update(project: Path, data: dict[str, Any], *, vcs_ref: str | None, trust: bool) -> None:
@@ -112,7 +111,8 @@ def _run_update(project: Path, data: dict[str, Any], *, vcs_ref: str | None, tru
         )
     except errors.UnsafeTemplateError as error:
         raise GeneratorError(
-            f"{error}. Read the template's copier.yml; if you trust it, run again with --trust", exit_code=4
+            f"{error}. Read the template's copier.yml; if you trust it, run again with --trust",
+            exit_code=EXIT_UNSAFE,
         ) from None
     except ValueError as error:
         if "Unknown revision" in str(error):  # the recorded _commit is not in the available history
@@ -137,7 +137,7 @@ def _report(project: Path, old_version: str) -> UpdateReport:
         elif code == "??" or "A" in code:
             report.added.append(path)
         elif "D" in code:
-            report.removed.append(path)
+            report.removed.append(path)  # " D": deleted by copier; "D ": moved by a migration
         else:
             report.changed.append(path)
     return report
@@ -148,3 +148,50 @@ def _has_marker(path: Path) -> bool:
         return bool(MARKER.search(path.read_text(encoding="utf-8", errors="ignore")))
     except (IsADirectoryError, FileNotFoundError):
         return False
+
+
+def _keep_user_changed(project: Path, answers: dict[str, Any], report: UpdateReport, *, trust: bool) -> None:
+    """Restore files that the update deleted although the user had changed them; report them.
+
+    copier deletes every file the old template had and the new one has not, edited or not.
+    A file that differs from what the old template rendered holds the user's work: it is
+    restored as committed, and reported like a conflict, for the user to move or delete.
+    (A migration's `git mv` is a staged deletion: the user's file moved, nothing to restore.)
+    """
+    unstaged = set(git(project, "diff", "--name-only", "--diff-filter=D").splitlines())
+    deleted = [path for path in report.removed if path in unstaged]
+    if not deleted:
+        return
+    with tempfile.TemporaryDirectory(prefix="ddp-new-old-render.") as tmp:
+        old = Path(tmp) / project.name
+        rendered = _render_old(answers, old, trust=trust)  # None: cannot tell, keep them all
+        for path in deleted:
+            if rendered and (old / path).is_file():
+                as_rendered = git(project, "hash-object", "--no-filters", str(old / path)).strip()
+                if as_rendered == git(project, "rev-parse", f"HEAD:{path}").strip():
+                    continue  # unchanged since the render: the template may delete it
+            git(project, "checkout", "HEAD", "--", path)
+            report.removed.remove(path)
+            report.kept.append(path)
+
+
+def _render_old(answers: dict[str, Any], dst: Path, *, trust: bool) -> Path | None:
+    """Render the project's template version again, with its answers, into `dst` (None: failed)."""
+    import copier
+
+    data = {key: value for key, value in answers.items() if not key.startswith("_")}
+    try:
+        copier.run_copy(
+            str(answers["_src_path"]),
+            dst,
+            data=data,
+            vcs_ref=str(answers["_commit"]),
+            defaults=True,
+            overwrite=True,
+            quiet=True,
+            unsafe=trust,
+            skip_tasks=True,
+        )
+    except Exception:  # any failure: no deletion can be judged safe
+        return None
+    return dst

@@ -299,3 +299,76 @@ def test_ctrl_c_while_rendering_leaves_nothing(tmp_path: Path) -> None:
     assert proc.returncode == 130, stderr
     assert "interrupted; nothing was written" in stderr and "Traceback" not in stderr
     assert listing(work) == []
+
+
+def test_two_renders_into_one_target_give_one_project(tmp_path: Path, template_dir: Path) -> None:
+    """Started together, one render wins; the other exits 2 (busy, or target not empty)."""
+    cmds = [
+        [sys.executable, "-m", "generator", "p", "-y", "--template", template_dir, "--data", f"precision={p}"]
+        for p in ("fp32", "fp16")
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True) for cmd in cmds]
+    results = [(proc.wait(timeout=120), proc.stderr.read()) for proc in procs]
+    assert sorted(status for status, _ in results) == [0, 2], results
+    loser = next(err for status, err in results if status == 2)
+    assert "rendering into" in loser or "not empty" in loser, loser
+    precision = answers_of(tmp_path / "p")["precision"]  # whichever won, all of it is its
+    config = (tmp_path / "p" / "src" / "p" / "config.py").read_text()
+    assert f'precision: str = option("{precision}"' in config
+    assert listing(tmp_path)[0] == "p" and not [n for n in listing(tmp_path) if n.startswith(".")]
+
+
+def test_render_while_another_holds_the_target_is_refused(tmp_path: Path, template_dir: Path) -> None:
+    from generator import render
+
+    with render.claim(tmp_path / ".p.ddp-new.lock", tmp_path / "p"):
+        result = cli("p", "-y", "--template", template_dir, cwd=tmp_path)
+    assert result.exit_code == 2
+    assert "another ddp-new is rendering into" in result.output
+    assert listing(tmp_path) == []
+
+
+def test_force_over_a_file_where_a_directory_goes_changes_nothing(tmp_path: Path, template_dir: Path) -> None:
+    target = tmp_path / "p"
+    target.mkdir()
+    (target / "src").write_text("my notes, not a directory")
+    (target / "README.md").write_text("my readme")
+    result = cli("p", "-y", "--force", "--template", template_dir, cwd=tmp_path)
+    assert result.exit_code == 2, result.output
+    assert f"{target / 'src'} is a file where the project has a directory" in result.output
+    assert listing(tmp_path) == ["p", "p/README.md", "p/src"]
+    assert (target / "README.md").read_text() == "my readme"
+
+
+def test_force_that_fails_half_way_leaves_the_target_as_it_was(
+    tmp_path: Path, template_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "p"
+    (target / "tests").mkdir(parents=True)
+    (target / "README.md").write_text("my readme")
+    (target / "tests" / "mine.py").write_text("# mine")
+    before = listing(tmp_path)
+    real_replace = os.replace
+
+    def disk_full_at_pyproject(src: str | Path, dst: str | Path) -> None:
+        if Path(dst).name == "pyproject.toml":
+            raise OSError(28, "No space left on device", str(dst))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", disk_full_at_pyproject)
+    result = cli("p", "-y", "--force", "--template", template_dir, cwd=tmp_path)
+    assert result.exit_code == 1, result.output
+    assert "No space left on device" in result.output and "was left as it was" in result.output
+    assert listing(tmp_path) == before
+    assert (target / "README.md").read_text() == "my readme"
+
+
+def test_plain_copier_names_the_project_after_its_folder(tmp_path: Path, template_dir: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "copier", "copy", "--defaults", template_dir, "my-proj"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert answers_of(tmp_path / "my-proj")["project_name"] == "my-proj"
+    assert answers_of(tmp_path / "my-proj")["package_name"] == "my_proj"

@@ -102,6 +102,7 @@ def test_plain_copier_update(project: Path) -> None:
 
 
 def test_ddp_new_update(project: Path) -> None:
+    # old.txt is unchanged since the render: the template may delete it.
     proc = sh([*DDP_NEW, "update", project], project.parent)
     assert_updated(project)
     assert f"from template {OLD} to {NEW}" in proc.stdout
@@ -183,8 +184,20 @@ def test_update_rejects_bad_answer(project: Path) -> None:
 
 def test_vcs_ref_pins_the_target_version(project: Path) -> None:
     proc = sh([*DDP_NEW, "update", project, "--vcs-ref", OLD], project.parent)
-    assert f"from template {OLD} to {OLD}" in proc.stdout
+    assert proc.stdout.strip() == f"{project} is already up to date (template {OLD})"
     assert changed_paths(project) == set()
+
+
+def test_a_changed_file_that_the_template_drops_is_kept_as_a_conflict(project: Path) -> None:
+    # NEW no longer has old.txt. copier deletes it even when the user changed it.
+    (project / "old.txt").write_text("removed in NEW\nbut my notes are here\n")
+    commit_all(project, "User edit in a file the template will drop")
+    proc = sh([*DDP_NEW, "update", project], project.parent, check=False)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "conflict old.txt" in proc.stderr and "your version is kept" in proc.stderr
+    assert (project / "old.txt").read_text() == "removed in NEW\nbut my notes are here\n"
+    assert "removed  old.txt" not in proc.stdout
+    assert (project / "notes.txt").read_text() == NOTES_V2  # the rest of the update went through
 
 
 def make_bundle(template_repo: Path, tag: str, out: Path) -> Path:
@@ -323,3 +336,73 @@ def test_bundled_template_migrates_without_trust(renamed_config_repo: Path, tmp_
     proc = sh([*DDP_NEW, "update", project], tmp_path, check=False, **env)
     assert proc.returncode in (0, 3), proc.stderr
     assert_edit_followed_the_move(project)
+
+
+@pytest.fixture(scope="module")
+def untagged_repo(renamed_config_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """renamed_config_repo as it arrives without its tags: the releases are in releases.toml only."""
+    repo = tmp_path_factory.mktemp("untagged") / "ddp-new"
+    git(renamed_config_repo.parent, "clone", "-q", "--no-tags", str(renamed_config_repo), str(repo))
+    assert git(repo, "tag").strip() == ""
+    old, new = (git(repo, "rev-parse", f"HEAD{parent}").strip() for parent in ("^", ""))
+    (repo / "releases.toml").write_text(f'[releases]\n"{OLD[1:]}" = "{old}"\n"{NEW[1:]}" = "{new}"\n')
+    commit_all(repo, "Record the releases")  # the template is unchanged: NEW is what renders
+    return repo
+
+
+def test_hash_only_render_gets_its_migration(untagged_repo: Path, tmp_path: Path) -> None:
+    """A project from a build without tags records a bare hash; the next release still migrates it."""
+    from generator.releases import build_bundle
+
+    home = tmp_path / "home"
+    home.mkdir()
+    # What an old wheel built from a checkout without tags shipped: history, HEAD, no tags.
+    old_checkout = tmp_path / "old-checkout"
+    git(tmp_path, "clone", "-q", str(untagged_repo), str(old_checkout))
+    git(old_checkout, "checkout", "-q", "HEAD~2")
+    git(old_checkout, "bundle", "create", "-q", str(tmp_path / "old.bundle"), "HEAD")
+    env = {"HOME": str(home), "DDP_NEW_BUNDLE": str(tmp_path / "old.bundle")}
+    sh([*DDP_NEW, "demo", "-y", "--git"], tmp_path, **env)
+    project = tmp_path / "demo"
+    recorded = yaml.safe_load((project / ".copier-answers.yml").read_text())["_commit"]
+    assert not recorded.startswith("v")  # a bare hash: copier found no version
+    config = project / "configs" / "default.toml"
+    config.write_text(config.read_text().replace("seed = 0", "seed = 1234  # my seed"))
+    commit_all(project, "My seed")
+
+    version, warnings = build_bundle(untagged_repo, tmp_path / "new.bundle")
+    assert (version, warnings) == (NEW, [])
+    proc = sh([*DDP_NEW, "update", project], tmp_path, check=False, HOME=str(home),
+              DDP_NEW_BUNDLE=str(tmp_path / "new.bundle"))  # fmt: skip
+    assert proc.returncode in (0, 3), proc.stdout + proc.stderr
+    assert f"from template {recorded} to {NEW}" in proc.stdout
+    assert_edit_followed_the_move(project)  # the migration ran: the user's seed was kept
+    assert yaml.safe_load((project / ".copier-answers.yml").read_text())["_commit"] == NEW
+
+
+def test_plain_copier_names_the_versions(untagged_repo: Path, tmp_path: Path) -> None:
+    from generator.releases import build_bundle
+
+    home = tmp_path / "home"
+    home.mkdir()
+    build_bundle(untagged_repo, tmp_path / "b.bundle")
+    env = {"HOME": str(home), "DDP_NEW_BUNDLE": str(tmp_path / "b.bundle")}
+    sh([*DDP_NEW, "demo", "-y", "--git", "--vcs-ref", OLD], tmp_path, **env)
+    project = tmp_path / "demo"
+    assert yaml.safe_load((project / ".copier-answers.yml").read_text())["_commit"] == OLD
+    proc = sh([*COPIER, "update", "--defaults", "--trust"], project, HOME=str(home))
+    output = proc.stdout + proc.stderr
+    assert "No git tags found" not in output, output
+    assert f"Updating to template version {NEW[1:]}" in output, output
+    assert yaml.safe_load((project / ".copier-answers.yml").read_text())["_commit"] == NEW
+
+
+def test_a_release_record_that_contradicts_a_tag_is_refused(untagged_repo: Path, tmp_path: Path) -> None:
+    from generator.errors import GeneratorError
+    from generator.releases import build_bundle
+
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(untagged_repo), str(clone))
+    git(clone, "tag", NEW, "HEAD~2")  # the record says NEW is HEAD~1
+    with pytest.raises(GeneratorError, match=f"tag {NEW} points at .* but releases.toml records"):
+        build_bundle(clone, tmp_path / "b.bundle")
