@@ -100,13 +100,18 @@ def new(
             src = render.check_template(template)
             answers = questions.parse_data(data or [], _local_questions(src))
         else:
-            answers = questions.parse_data(data or [], questions.load_questions(questions.bundled_template()))
-            src, ref = templates.bundled_source()
-            vcs_ref = vcs_ref or ref
+            known = questions.load_questions(questions.bundled_template())
+            answers = questions.parse_data(data or [], known)
         if "project_name" in answers:
             raise GeneratorError("set the project name as NAME, not with --data project_name=...")
         answers["project_name"] = name
-        target = (dest or Path(name)).expanduser().absolute()
+        target = render.resolve_target(dest or Path(name))
+        render.check_target(target, force)
+        if template is None:
+            if not defaults:  # copier's own prompts serve third-party templates
+                answers, defaults = _ask(known, answers), True
+            src, ref = templates.bundled_source()
+            vcs_ref = vcs_ref or ref
         render.render(
             src, target, answers, defaults=defaults, force=force, trust=trust, vcs_ref=vcs_ref, git=git
         )
@@ -116,6 +121,14 @@ def new(
         typer.echo("interrupted; nothing was written", err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
     _print_next_steps(target)
+
+
+def _ask(known: dict, answers: dict) -> dict:
+    from generator import prompts
+
+    if not sys.stdin.isatty():
+        raise GeneratorError("no terminal to ask the questions in; pass --defaults (-y) and --data key=value")
+    return prompts.ask(known, answers)
 
 
 def _local_questions(src: str) -> dict:
@@ -224,7 +237,7 @@ def options(
     except GeneratorError as error:
         raise _fail(error) from None
     if as_json:
-        typer.echo(json.dumps([vars(q) for q in found.values()], indent=2))
+        typer.echo(json.dumps([q.public() for q in found.values()], indent=2))
         return
     for q in found.values():
         kind = f"{q.type}, several of" if q.multiselect else q.type

@@ -31,9 +31,17 @@ class Question:
     default: Any = None
     choices: list[Any] = field(default_factory=list)
     multiselect: bool = False
+    validator: str = ""  # a Jinja template: renders to the problem, or to nothing
+    when: Any = True  # a bool, or a Jinja template: whether the question is asked at all
+
+    def public(self) -> dict[str, Any]:
+        """What `ddp-new options --json` shows of the question."""
+        return {
+            name: getattr(self, name) for name in ("key", "type", "help", "default", "choices", "multiselect")
+        }
 
     def parse(self, raw: str) -> Any:
-        """Turn a `--data key=value` string into the value copier expects."""
+        """Turn a typed answer (`--data key=value`, or at a prompt) into the value copier expects."""
         if self.multiselect:
             items = load_yaml(raw) if raw.strip().startswith("[") else raw.split(",")
             value = [str(item).strip() for item in items or [] if str(item).strip()]
@@ -45,11 +53,11 @@ class Question:
             try:
                 value = int(raw)
             except ValueError:
-                raise GeneratorError(f"--data {self.key}: expected an integer, got {raw!r}") from None
+                raise GeneratorError(f"{self.key}: expected an integer, got {raw!r}") from None
         elif self.type == "bool":
             value = load_yaml(raw)
             if not isinstance(value, bool):
-                raise GeneratorError(f"--data {self.key}: expected true or false, got {raw!r}")
+                raise GeneratorError(f"{self.key}: expected true or false, got {raw!r}")
         else:
             value = raw
         if self.choices and value not in self.choices:
@@ -58,26 +66,36 @@ class Question:
 
     def _bad_choice(self, got: str) -> GeneratorError:
         choices = ", ".join(str(choice) for choice in self.choices)
-        return GeneratorError(f"--data {self.key}: {got!r} is not one of: {choices}")
+        return GeneratorError(f"{self.key}: {got!r} is not one of: {choices}")
 
 
-def load_yaml(text: str) -> Any:
+def load_yaml(text: str, source: str = "") -> Any:
+    """Parse YAML; a syntax error names `source` (a file) and the place, on one line."""
     import yaml
 
     try:
         return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as error:
-        raise GeneratorError(f"cannot parse {text!r}: {error}") from None
+        where = getattr(error, "problem_mark", None)
+        place = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
+        what = getattr(error, "problem", None) or "invalid YAML"
+        raise GeneratorError(f"{source or repr(text[:80])}: {what}{place}") from None
 
 
 def load_questions(template: Path) -> dict[str, Question]:
     """The questions of a local template, in order, keyed by name (settings `_*` skipped)."""
     for name in ("copier.yml", "copier.yaml"):
-        if (template / name).is_file():
-            config = load_yaml((template / name).read_text(encoding="utf-8")) or {}
+        path = template / name
+        if path.is_file():
+            try:
+                config = load_yaml(path.read_text(encoding="utf-8"), source=str(path)) or {}
+            except (OSError, UnicodeDecodeError) as error:
+                raise GeneratorError(f"cannot read {path}: {error}") from None
             break
     else:
         raise GeneratorError(f"{template} is not a copier template (no copier.yml in it)")
+    if not isinstance(config, dict):
+        raise GeneratorError(f"{path} is not a copier template: expected questions (a mapping)")
     questions = {}
     for key, spec in config.items():
         if key.startswith("_"):
@@ -94,6 +112,8 @@ def load_questions(template: Path) -> dict[str, Question]:
             default=spec.get("default"),
             choices=list(choices),
             multiselect=bool(spec.get("multiselect", False)),
+            validator=str(spec.get("validator", "")),
+            when=spec.get("when", True),
         )
     return questions
 
@@ -111,5 +131,8 @@ def parse_data(pairs: list[str], questions: dict[str, Question]) -> dict[str, An
             raise GeneratorError(f"--data {key}: unknown question; known keys: {known}")
         if key in data:
             raise GeneratorError(f"--data {key} given twice")
-        data[key] = questions[key].parse(raw)
+        try:
+            data[key] = questions[key].parse(raw)
+        except GeneratorError as error:
+            raise GeneratorError(f"--data {error}") from None
     return data

@@ -46,6 +46,14 @@ def check_name(name: str) -> None:
         raise GeneratorError(f"project name {name!r} is a reserved device name on Windows")
 
 
+def resolve_target(path: Path) -> Path:
+    """The absolute target; a symbolic link to a directory stands for that directory."""
+    target = path.expanduser().absolute()
+    if target.is_symlink() and target.is_dir():
+        return target.resolve()
+    return target
+
+
 def check_target(target: Path, force: bool) -> None:
     """Refuse a target that exists and is not an empty directory, unless forced."""
     if target.is_symlink() or (target.exists() and not target.is_dir()):
@@ -182,6 +190,8 @@ def _run_copy(
             f"{error}. Read the template's copier.yml; if you trust it, run again with --trust",
             exit_code=EXIT_UNSAFE,
         ) from None
+    except errors.CopierAnswersInterrupt:  # Ctrl-C at one of copier's prompts
+        raise KeyboardInterrupt from None
     except errors.InteractiveSessionError:
         raise GeneratorError(
             "no terminal to ask the questions in; pass --defaults (-y) and --data key=value"

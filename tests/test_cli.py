@@ -120,7 +120,11 @@ BAD_INPUTS = [
     (["nul.txt"], 2, "reserved device name"),
     (["a\udcff"], 2, "not valid UTF-8"),
     (["-bad"], 2, "No such option"),
-    (["1abc"], 2, "project_name must start with a letter"),
+    (["1abc"], 2, "start with a letter"),
+    (["name-"], 2, "end with a letter or digit"),
+    (["p", "--data", "package_name=copy"], 2, "would shadow"),
+    (["p", "--data", "package_name=tqdm"], 2, "would shadow"),
+    (["p", "--data", "description=two\nlines"], 2, "description must be one line"),
     (["p", "--data", "nosuchkey=1"], 2, "unknown question"),
     (["p", "--data", "precision=fp8"], 2, "'fp8' is not one of: bf16, fp16, fp32"),
     (["p", "--data", "launchers=local,mpi"], 2, "'mpi' is not one of"),
@@ -372,3 +376,65 @@ def test_plain_copier_names_the_project_after_its_folder(tmp_path: Path, templat
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert answers_of(tmp_path / "my-proj")["project_name"] == "my-proj"
     assert answers_of(tmp_path / "my-proj")["package_name"] == "my_proj"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("project_name: [open\n" + "x: " + "y" * 6000 + "\n", "copier.yml: did not find expected ','"),
+        ("- just\n- a list\n", "copier.yml is not a copier template: expected questions"),
+    ],
+    ids=["yaml-error", "list"],
+)
+def test_broken_template_config_is_one_short_line(tmp_path: Path, text: str, message: str) -> None:
+    template = tmp_path / "tpl"
+    template.mkdir()
+    (template / "copier.yml").write_text(text)
+    result = cli("p", "-y", "--template", template, cwd=tmp_path)
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert len(result.output) < 300  # not the whole file
+    assert not (tmp_path / "p").exists()
+
+
+def test_dest_inside_a_file_is_refused(tmp_path: Path, template_dir: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    result = cli("p", "-y", "--template", template_dir, "--dest", tmp_path / "afile" / "p", cwd=tmp_path)
+    assert result.exit_code == 2
+    assert "afile is not a directory" in result.output
+
+
+def test_symlink_to_an_empty_directory_is_a_target(tmp_path: Path, template_dir: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    result = cli("p", "-y", "--template", template_dir, "--dest", tmp_path / "link", cwd=tmp_path)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "real" / ".copier-answers.yml").is_file()
+    assert (tmp_path / "link").is_symlink()
+
+
+@pytest.mark.parametrize("home_kind", ["file", "read-only"])
+def test_unusable_home_is_one_line(tmp_path: Path, home_kind: str) -> None:
+    home = tmp_path / "home"
+    if home_kind == "file":
+        home.write_text("not a directory")
+    else:
+        home.mkdir()
+        if os.geteuid() == 0:
+            if subprocess.run(["chattr", "+i", home], capture_output=True).returncode != 0:
+                pytest.skip("running as root on a file system without chattr +i")
+        else:
+            home.chmod(0o555)
+    work = tmp_path / "work"
+    work.mkdir()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "generator", "p", "-y"],
+            cwd=work, capture_output=True, text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO), "HOME": str(home)},
+        )  # fmt: skip
+    finally:
+        subprocess.run(["chattr", "-i", home], capture_output=True)
+    assert proc.returncode == 1, proc.stderr
+    assert "cannot write" in proc.stderr and "HOME" in proc.stderr and "Traceback" not in proc.stderr
+    assert listing(work) == []

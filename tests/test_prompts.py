@@ -1,0 +1,121 @@
+"""The interactive questions, driven through a pseudo-terminal as a person at a terminal answers them."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, answers_of
+
+pexpect = pytest.importorskip("pexpect")
+pytestmark = pytest.mark.skipif(os.name == "nt", reason="pseudo-terminals are POSIX")
+
+
+def spawn(*args: str | Path, cwd: Path) -> pexpect.spawn:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm"}
+    return pexpect.spawn(
+        sys.executable, ["-m", "generator", *map(str, args)], cwd=str(cwd), env=env,
+        encoding="utf-8", timeout=60, dimensions=(24, 80),
+    )  # fmt: skip
+
+
+def answer(child: pexpect.spawn, key: str, text: str) -> None:
+    child.expect_exact(f"  {key}")
+    child.expect_exact("]: ")
+    child.sendline(text)
+
+
+def finish(child: pexpect.spawn) -> tuple[int, str]:
+    """Exit status and output, without the terminal's control sequences."""
+    output = child.read()
+    child.close()
+    return child.exitstatus, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", output)
+
+
+def test_questions_answered_at_the_terminal(tmp_path: Path) -> None:
+    child = spawn("proj", cwd=tmp_path)
+    answer(child, "package_name", "")  # Enter: the default, proj
+    answer(child, "description", 'Says "hi"')
+    answer(child, "author_name", "")
+    answer(child, "author_email", "")
+    answer(child, "python_version", "3.12")
+    answer(child, "license", "Apache-2.0")
+    answer(child, "copyright_year", "")
+    answer(child, "task", "")
+    answer(child, "precision", "fp8")
+    child.expect_exact("precision: 'fp8' is not one of: bf16, fp16, fp32")
+    answer(child, "precision", "fp32")
+    answer(child, "grad_accum_steps", "two")
+    child.expect_exact("grad_accum_steps: expected an integer, got 'two'")
+    answer(child, "grad_accum_steps", "0")
+    child.expect_exact("grad_accum_steps must be an integer from 1 to 1024")
+    answer(child, "grad_accum_steps", "3")
+    answer(child, "launchers", "local,slurm")
+    answer(child, "logger", "")
+    answer(child, "include_ci", "no")
+    status, output = finish(child)
+    assert status == 0, output
+    answers = answers_of(tmp_path / "proj")
+    assert answers["package_name"] == "proj" and answers["description"] == 'Says "hi"'
+    assert (answers["precision"], answers["grad_accum_steps"], answers["license"]) == (
+        "fp32",
+        3,
+        "Apache-2.0",
+    )
+    assert answers["launchers"] == ["local", "slurm"] and answers["include_ci"] is False
+    assert not (tmp_path / "proj" / ".github").exists()
+
+
+def test_a_wrong_answer_gets_the_whole_message_and_is_asked_again(tmp_path: Path) -> None:
+    child = spawn("proj", cwd=tmp_path)
+    answer(child, "package_name", "Bad Name")
+    # Longer than the 80-column terminal: printed in full, on lines of its own.
+    message = "package_name must be a lowercase Python identifier: a-z, 0-9 and '_', not starting"
+    child.expect_exact(message)
+    answer(child, "package_name", "copy")
+    child.expect_exact("package_name 'copy' would shadow a module the project imports")
+    answer(child, "package_name", "good_name")
+    child.expect_exact("  description")
+    child.sendcontrol("c")
+    status, output = finish(child)
+    assert status == 130, output
+    assert not (tmp_path / "proj").exists()
+
+
+def test_ctrl_c_at_a_prompt_is_one_line_and_130(tmp_path: Path) -> None:
+    child = spawn("proj", cwd=tmp_path)
+    child.expect_exact("  package_name")
+    child.sendcontrol("c")
+    status, output = finish(child)
+    assert status == 130, output
+    assert output.strip().splitlines()[-1] == "interrupted; nothing was written"
+    assert "Traceback" not in output and "AnswersMap" not in output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_name_is_refused_before_any_question(tmp_path: Path) -> None:
+    child = spawn("name-", cwd=tmp_path)
+    status, output = finish(child)
+    assert status == 2, output
+    assert "end with a letter or digit" in output and "package_name" not in output
+
+
+def test_ctrl_c_at_a_third_party_templates_prompt(tmp_path: Path) -> None:
+    """Other templates keep copier's own prompts; Ctrl-C there is one line and 130 too."""
+    template = tmp_path / "tpl"
+    template.mkdir()
+    (template / "copier.yml").write_text("project_name:\n  type: str\ncolour:\n  type: str\n  help: Colour\n")
+    (template / "README.md.jinja").write_text("{{ colour }}\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    child = spawn("proj", "--template", template, cwd=work)
+    child.expect_exact("Colour")
+    child.sendcontrol("c")
+    status, output = finish(child)
+    assert status == 130, output
+    assert output.strip().splitlines()[-1] == "interrupted; nothing was written"
+    assert "AnswersMap" not in output
+    assert list(work.iterdir()) == []
