@@ -1,0 +1,54 @@
+"""The quickstart in a fresh virtual environment that holds only torch and the generated project.
+
+ddp-new's own test extras pull in packages (numpy, tensorboard, ...) that a user's environment
+may lack; a generated project must declare everything it imports. This test follows the
+generated README to the letter in an environment made for it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import venv
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import render
+
+pytestmark = pytest.mark.slow
+
+
+def sh(cmd: list, cwd: Path, env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+@pytest.mark.parametrize("logger", ["none", "tensorboard"])
+def test_quickstart_in_a_fresh_venv(template_dir: Path, tmp_path: Path, logger: str) -> None:
+    project = render(template_dir, tmp_path / "fresh", logger=logger)
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    bin_dir = env_dir / "bin"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", OMP_NUM_THREADS="1", PIP_QUIET="1")
+    pip = [bin_dir / "python", "-m", "pip"]
+    # The torch this suite runs with (CI: the CPU build), then the README's install command.
+    sh([*pip, "install", f"torch=={torch.__version__.split('+')[0]}"], project, env)
+    sh([*pip, "install", "-e", ".[dev]"], project, env)
+    imported = sh([bin_dir / "python", "-c", "import numpy, tqdm, fresh.train"], project, env)
+    assert imported.returncode == 0
+
+    sh([bin_dir / "python", "-m", "fresh.train", "--max-steps", "5", "--device", "cpu"], project, env)
+    torchrun = [bin_dir / "torchrun", "--standalone", "--nproc_per_node=2", "-m", "fresh.train"]
+    run = sh([*torchrun, "--max-steps", "10", "--device", "cpu", "--out-dir", "runs/two"], project, env)
+    assert "done: 10 steps" in run.stdout + run.stderr
+    assert (project / "runs" / "two" / "checkpoints" / "step_00000010.pt").is_file()
+    # The project's own fast tests pass with only what it declares.
+    tests = sh(
+        [bin_dir / "python", "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider"], project, env
+    )
+    assert " passed" in tests.stdout
