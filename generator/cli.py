@@ -154,13 +154,13 @@ class _AnyKey(dict):
 
 
 def _print_next_steps(target: Path) -> None:
-    answers_file = target / ".copier-answers.yml"
-    package = ""
-    if answers_file.is_file():
-        for line in answers_file.read_text(encoding="utf-8").splitlines():
-            if line.startswith("package_name:"):
-                package = line.split(":", 1)[1].strip()
+    from generator.update import read_answers
+
     typer.echo(f"Created {target}")
+    try:
+        package = read_answers(target).get("package_name")
+    except GeneratorError:
+        return  # a third-party template without an answers file: nothing more to say
     if package:
         typer.echo(
             "Next:\n"

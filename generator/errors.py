@@ -1,4 +1,8 @@
-"""The one exception type the generator raises for problems a user can fix."""
+"""The one exception type the generator raises for problems a user can fix, and the one
+translation of copier's exceptions into it."""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 # Exit statuses of the `ddp-new` command.
 EXIT_FAILED = 1  # the work could not be done (I/O, git, copier)
@@ -14,3 +18,49 @@ class GeneratorError(Exception):
     def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:
         super().__init__(" ".join(message.split()))  # always one line
         self.exit_code = exit_code
+
+
+@contextmanager
+def copier_errors(action: str) -> Iterator[None]:
+    """Turn what copier (and git under it) raises into one-line GeneratorErrors.
+
+    `action` names the work in messages: "render", "update".
+    """
+    import jinja2
+    from copier import errors
+    from plumbum import ProcessExecutionError
+
+    try:
+        yield
+    except errors.UnsafeTemplateError as error:
+        raise GeneratorError(
+            f"{error}. Read the template's copier.yml; if you trust it, run again with --trust",
+            exit_code=EXIT_UNSAFE,
+        ) from None
+    except errors.CopierAnswersInterrupt:  # Ctrl-C at one of copier's prompts
+        raise KeyboardInterrupt from None
+    except errors.InteractiveSessionError:
+        raise GeneratorError(
+            "no terminal to ask the questions in; pass --defaults (-y) and --data key=value"
+        ) from None
+    except ValueError as error:
+        if "Unknown revision" in str(error):  # a recorded _commit missing from the history here
+            raise GeneratorError(
+                f"{error}: the template history here lacks the project's version; upgrade ddp-new",
+                exit_code=EXIT_FAILED,
+            ) from None
+        raise GeneratorError(str(error)) from None  # copier's validators and choices
+    except errors.CopierError as error:
+        message = str(error).strip().splitlines() or ["copier failed"]
+        raise GeneratorError(f"{action} failed: {message[-1]}", exit_code=EXIT_FAILED) from None
+    except jinja2.TemplateError as error:
+        raise GeneratorError(f"the template failed to render: {error}", exit_code=EXIT_FAILED) from None
+    except OSError as error:
+        raise GeneratorError(f"{action} failed: {error}", exit_code=EXIT_FAILED) from None
+    except ProcessExecutionError as error:  # git, for a template given as a URL or repository
+        detail = (error.stderr or "").strip().splitlines() or [str(error)]
+        raise GeneratorError(f"git failed: {detail[-1]}", exit_code=EXIT_FAILED) from None
+    except (ArithmeticError, LookupError, TypeError, RuntimeError) as error:  # a template's own bug
+        raise GeneratorError(
+            f"the template failed to render: {type(error).__name__}: {error}", exit_code=EXIT_FAILED
+        ) from None

@@ -20,7 +20,7 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-from generator.errors import EXIT_FAILED, EXIT_UNSAFE, GeneratorError
+from generator.errors import EXIT_FAILED, GeneratorError, copier_errors
 
 WINDOWS_RESERVED = {"CON", "PRN", "AUX", "NUL"} | {f"{p}{i}" for p in ("COM", "LPT") for i in range(1, 10)}
 
@@ -166,15 +166,13 @@ def claim(lock: Path, target: Path) -> Iterator[None]:
 def _run_copy(
     src: str, dst: Path, data: dict[str, Any], *, defaults: bool, trust: bool, vcs_ref: str | None
 ) -> None:
-    """Call copier and turn its exceptions into one-line GeneratorErrors."""
+    """Call copier; its exceptions become one-line GeneratorErrors."""
     import copier
-    import jinja2
     from copier import errors
-    from plumbum import ProcessExecutionError
 
     # A template checkout with uncommitted edits (a developer's) is rendered as it is.
     warnings.simplefilter("ignore", errors.DirtyLocalWarning)
-    try:
+    with copier_errors("render"):
         copier.run_copy(
             src,
             dst,
@@ -185,32 +183,6 @@ def _run_copy(
             quiet=True,
             overwrite=True,
         )
-    except errors.UnsafeTemplateError as error:
-        raise GeneratorError(
-            f"{error}. Read the template's copier.yml; if you trust it, run again with --trust",
-            exit_code=EXIT_UNSAFE,
-        ) from None
-    except errors.CopierAnswersInterrupt:  # Ctrl-C at one of copier's prompts
-        raise KeyboardInterrupt from None
-    except errors.InteractiveSessionError:
-        raise GeneratorError(
-            "no terminal to ask the questions in; pass --defaults (-y) and --data key=value"
-        ) from None
-    except ValueError as error:  # copier's validators and choices
-        raise GeneratorError(str(error)) from None
-    except errors.CopierError as error:
-        raise GeneratorError(str(error), exit_code=EXIT_FAILED) from None
-    except jinja2.TemplateError as error:
-        raise GeneratorError(f"the template failed to render: {error}", exit_code=EXIT_FAILED) from None
-    except OSError as error:
-        raise GeneratorError(f"cannot write the project: {error}", exit_code=EXIT_FAILED) from None
-    except ProcessExecutionError as error:  # git, for a template given as a URL or repository
-        detail = (error.stderr or "").strip().splitlines() or [str(error)]
-        raise GeneratorError(f"git failed: {detail[-1]}", exit_code=EXIT_FAILED) from None
-    except (ArithmeticError, LookupError, TypeError, RuntimeError) as error:  # a template's own bug
-        raise GeneratorError(
-            f"the template failed to render: {type(error).__name__}: {error}", exit_code=EXIT_FAILED
-        ) from None
 
 
 def _git_commit(project: Path) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from generator.errors import EXIT_FAILED, EXIT_UNSAFE, EXIT_USAGE, GeneratorError
+from generator.errors import EXIT_FAILED, GeneratorError, copier_errors
 from generator.git import git
 from generator.templates import LINK, packaged_bundle, pick_ref, point_link_at
 
@@ -95,10 +95,8 @@ def update(
 
 def _run_update(project: Path, data: dict[str, Any], *, vcs_ref: str | None, trust: bool) -> None:
     import copier
-    from copier import errors
-    from plumbum import ProcessExecutionError
 
-    try:
+    with copier_errors("update"):
         copier.run_update(
             project,
             data=data,
@@ -109,21 +107,6 @@ def _run_update(project: Path, data: dict[str, Any], *, vcs_ref: str | None, tru
             unsafe=trust,
             quiet=True,
         )
-    except errors.UnsafeTemplateError as error:
-        raise GeneratorError(
-            f"{error}. Read the template's copier.yml; if you trust it, run again with --trust",
-            exit_code=EXIT_UNSAFE,
-        ) from None
-    except ValueError as error:
-        if "Unknown revision" in str(error):  # the recorded _commit is not in the available history
-            raise GeneratorError(
-                f"{error}: the template history here lacks the project's version; upgrade ddp-new",
-                exit_code=EXIT_FAILED,
-            ) from None
-        raise GeneratorError(str(error), exit_code=EXIT_USAGE) from None  # validators, choices
-    except (errors.CopierError, ProcessExecutionError) as error:
-        message = str(error).strip().splitlines() or ["copier failed"]
-        raise GeneratorError(f"update failed: {message[-1]}", exit_code=EXIT_FAILED) from None
 
 
 def _report(project: Path, old_version: str) -> UpdateReport:

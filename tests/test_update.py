@@ -406,3 +406,9 @@ def test_a_release_record_that_contradicts_a_tag_is_refused(untagged_repo: Path,
     git(clone, "tag", NEW, "HEAD~2")  # the record says NEW is HEAD~1
     with pytest.raises(GeneratorError, match=f"tag {NEW} points at .* but releases.toml records"):
         build_bundle(clone, tmp_path / "b.bundle")
+
+
+def test_update_without_git_is_one_line(project: Path) -> None:
+    proc = sh([*DDP_NEW, "update", project], project.parent, check=False, PATH="/nonexistent")
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip() == "error: git is not installed; ddp-new needs it"
