@@ -91,6 +91,9 @@ def test_killed_rank_is_restarted_and_the_result_is_unchanged(
     status, output, _ = run_fault(tmp_path, "sigkill", 0, 7, *REFERENCE, torchrun_args=restart)
     assert status == 0, output
     assert f"resuming from {tmp_path / STEP_5} (step 5)" in output
+    # The killed rank 0 could not remove its lock; the restarted one takes it over.
+    assert f"warning: taking over {tmp_path / 'run.lock'}, left by a run that is gone" in output
+    assert not (tmp_path / "run.lock").exists()
     assert [r["step"] for r in read_metrics(tmp_path)] == [*range(1, 7), *range(6, 11)]
     assert same_parameters(load_model(reference / STEP_10), load_model(tmp_path / STEP_10))
 
@@ -218,6 +221,7 @@ def test_exception_on_one_rank_ends_the_job(tmp_path: Path) -> None:
     assert "[rank1]: RuntimeError: injected fault: this rank failed" in output  # its traceback
     assert "error: rank 0: a collective failed" in output
     assert rank_exit_codes(output) == {"1"}, output
+    assert not (tmp_path / "run.lock").exists()  # rank 0 removed it before exiting
     assert seconds < 20, output  # well before --dist-timeout would have expired
 
 

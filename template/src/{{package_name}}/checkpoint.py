@@ -7,7 +7,8 @@ Only plain types and tensors go in, so it loads with `torch.load(..., weights_on
 
 Resuming (--resume):
 - auto: the newest readable checkpoint in OUT_DIR (a corrupt one falls back to the one before,
-  with a warning), or a fresh start when there is none. never: always start fresh.
+  with a warning), or a fresh start when there is none.
+- never: a fresh start, in an OUT_DIR that holds no run yet (no checkpoints, no metrics.jsonl).
 - PATH: a checkpoint file, or a run directory (its newest readable checkpoint); it may belong
   to another run. Run-only settings (RUN_ONLY) may differ from the checkpoint's config; any
   other difference would change the model or the optimisation and is refused.
@@ -16,6 +17,13 @@ Resuming (--resume):
   with twice the accumulation. Model, optimizer, schedule and data position carry over, but
   per-rank RNG states cannot be mapped to other ranks: they are not restored (with a warning)
   and the run is no longer bitwise reproducible. Same world size: the resume is exact.
+
+A run owns its OUT_DIR (see lock.py): its checkpoints must not mix with another run's, since
+--resume auto takes the newest, whoever wrote it, and rotation deletes the oldest. So
+--resume never into an OUT_DIR that holds a run is refused, and so is --resume PATH when
+OUT_DIR/checkpoints holds checkpoints of another run (PATH outside OUT_DIR) or of later steps.
+Rotation keeps the checkpoint just written and the newest --keep-last - 1 before it, and
+leaves later steps alone.
 """
 
 import os
@@ -60,7 +68,7 @@ def checkpoint_path(out_dir: str, step: int) -> Path:
 def list_checkpoints(directory: Path) -> list[Path]:
     """The step_*.pt files in a directory, newest first."""
     paths = [p for p in directory.glob("step_*.pt") if p.stem.removeprefix("step_").isdigit()]
-    return sorted(paths, key=lambda p: int(p.stem.removeprefix("step_")), reverse=True)
+    return sorted(paths, key=step_of, reverse=True)
 
 
 def stray_temp_files(directory: Path) -> list[Path]:
@@ -92,14 +100,22 @@ def build_state(
     }
 
 
+def step_of(path: Path) -> int:
+    return int(path.stem.removeprefix("step_"))
+
+
 def save(state: dict[str, Any], out_dir: str, keep_last: int, is_main: bool) -> None:
     """Rank 0 writes atomically and rotates; then all ranks wait until the file exists."""
     if is_main:
         path = checkpoint_path(out_dir, state["step"])
         _write_atomic(state, path)
-        # Delete old checkpoints only now that the new one is safely on disk; also temporary
-        # files of saves that a crash interrupted (rank 0 is the only writer: none is in use).
-        for old in list_checkpoints(path.parent)[keep_last:] + stray_temp_files(path.parent):
+        # Delete old checkpoints only now that the new one is safely on disk, and never the
+        # new one: keep it and the newest keep_last - 1 before it. Later steps are left alone
+        # (an unreadable newest checkpoint that --resume auto skipped, say): they are not
+        # older. Also delete temporary files of saves that a crash interrupted (this run
+        # holds OUT_DIR/run.lock: no other process writes here).
+        older = [p for p in list_checkpoints(path.parent) if step_of(p) < state["step"]]
+        for old in older[keep_last - 1 :] + stray_temp_files(path.parent):
             old.unlink()
     dist.barrier()
 
@@ -127,6 +143,7 @@ def load(path: Path, device: torch.device) -> dict[str, Any]:
 def find_resume(cfg: TrainConfig, world_size: int, device: torch.device) -> dict[str, Any] | None:
     """The checkpoint to resume from per --resume, checked against the config; None = fresh."""
     if cfg.resume == "never":
+        check_out_dir_is_new(cfg.out_dir)
         return None
     explicit = cfg.resume != "auto"
     path = Path(cfg.resume if explicit else cfg.out_dir)
@@ -146,6 +163,8 @@ def find_resume(cfg: TrainConfig, world_size: int, device: torch.device) -> dict
             dist.print0(f"warning: cannot read checkpoint {problem}; trying older ones")
             continue
         check_compatible(state, cfg, world_size, candidate)
+        if explicit:
+            check_no_mixing(cfg, candidate, state["step"])
         dist.print0(f"resuming from {candidate} (step {state['step']})")
         return state
     if explicit:
@@ -153,6 +172,39 @@ def find_resume(cfg: TrainConfig, world_size: int, device: torch.device) -> dict
     if candidates:
         dist.print0(f"warning: no readable checkpoint in {path}; starting from scratch")
     return None
+
+
+def check_out_dir_is_new(out_dir: str) -> None:
+    """--resume never starts a new run, which needs a directory of its own."""
+    newest = list_checkpoints(Path(out_dir) / "checkpoints")[:1]
+    if newest or (Path(out_dir) / "metrics.jsonl").exists():
+        what = f"newest checkpoint {newest[0]}" if newest else "metrics.jsonl, no checkpoint"
+        raise ConfigError(
+            f"--resume never: --out-dir {out_dir} already holds a run ({what}); use another"
+            " --out-dir, delete it, or --resume auto to continue it"
+        )
+
+
+def check_no_mixing(cfg: TrainConfig, source: Path, step: int) -> None:
+    """--resume PATH must not mix the new run's checkpoints with others in --out-dir.
+
+    A later --resume auto picks the newest checkpoint there, whichever run wrote it.
+    """
+    existing = list_checkpoints(Path(cfg.out_dir) / "checkpoints")
+    if not existing:
+        return
+    if not source.resolve().is_relative_to(Path(cfg.out_dir).resolve()):
+        raise ConfigError(
+            f"--resume {cfg.resume}: --out-dir {cfg.out_dir} already holds checkpoints of"
+            f" another run (newest {existing[0]}); use another --out-dir, delete them, or"
+            " --resume auto to continue that run"
+        )
+    if step_of(existing[0]) > step:
+        raise ConfigError(
+            f"--resume {cfg.resume}: --out-dir {cfg.out_dir} holds checkpoints after step"
+            f" {step} (newest {existing[0]}), which a later --resume auto would pick; delete"
+            f" them to go back to step {step}, or use another --out-dir"
+        )
 
 
 def _first_line(err: Exception) -> str:
@@ -179,7 +231,7 @@ def check_compatible(state: dict[str, Any], cfg: TrainConfig, world_size: int, p
     if differences:
         raise ConfigError(
             f"--resume: {path} was trained with other settings: {'; '.join(differences)}."
-            " Use the same values, or start afresh with --resume never or another --out-dir"
+            " Use the same values, or start afresh in another --out-dir"
         )
 
 

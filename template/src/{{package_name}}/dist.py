@@ -15,6 +15,7 @@ import hashlib
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -109,24 +110,48 @@ USAGE_ERROR_GRACE_S = 5.0  # see report_usage_error
 
 
 class Preemption:
-    """While active, SIGTERM only sets `requested`.
+    """While active, SIGTERM only sets `reason`; so does the death of torchrun, under torchrun.
 
     SIGTERM is how SLURM, Kubernetes and torchrun ask a job to stop. Saving inside the handler
     could interrupt a collective, and ranks would save at different steps; instead the loop
     agrees on the flag over all ranks (AnyRankLater) and stops at a step boundary.
+
+    A launcher killed with SIGKILL (or lost with its node) cannot pass a signal on, and its
+    workers would go on training and writing checkpoints, orphaned, alongside a rerun. So
+    under torchrun a background thread watches the parent process: when the worker is
+    re-parented, torchrun is gone, and the run stops as after SIGTERM.
     """
 
-    requested = False
+    SIGTERM, LAUNCHER_EXITED = 1, 2  # reasons; the ranks agree on the largest
+    WHY = {SIGTERM: "SIGTERM", LAUNCHER_EXITED: "launcher (torchrun) exited"}
+    WATCH_EVERY_S = 1.0
+    reason = 0
+
+    @property
+    def requested(self) -> bool:
+        return self.reason > 0
 
     def __enter__(self) -> Self:
         self._previous = signal.signal(signal.SIGTERM, self._handle)
+        self._done = threading.Event()
+        if "TORCHELASTIC_RUN_ID" in os.environ:  # set by torchrun for its workers
+            parent = os.getppid()
+            watch = threading.Thread(target=self._watch, args=(parent,), daemon=True)
+            watch.start()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        self._done.set()
         signal.signal(signal.SIGTERM, self._previous)
 
     def _handle(self, signum: int, frame: Any) -> None:
-        self.requested = True
+        self.reason = max(self.reason, self.SIGTERM)
+
+    def _watch(self, parent: int) -> None:
+        while not self._done.wait(self.WATCH_EVERY_S):
+            if os.getppid() != parent:
+                self.reason = self.LAUNCHER_EXITED
+                return
 
 
 def report_usage_error(message: str, env: DistEnv, preemption: Preemption) -> None:
@@ -223,7 +248,7 @@ def max_(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class AnyRankLater:
-    """Whether flags are set on any rank, agreed in the background: the answer comes a step late.
+    """Flags of all ranks (their maximum), agreed in the background: the answer comes a step late.
 
     A blocking all-reduce of the flags every step would make the ranks wait for each other a
     second time per step (the gradient all-reduce is the first): up to 6 % of throughput
@@ -236,20 +261,20 @@ class AnyRankLater:
         self._num_flags = num_flags
         self._pending: tuple[torch_dist.Work, torch.Tensor] | None = None
 
-    def start(self, flags: list[torch.Tensor | bool], device: torch.device) -> None:
-        """Start agreeing on this rank's flags (bools, or 0-dim tensors left on the device)."""
+    def start(self, flags: list[torch.Tensor | int], device: torch.device) -> None:
+        """Start agreeing on this rank's flags (small ints or bools, or 0-dim device tensors)."""
         values = torch.stack([torch.as_tensor(f, device=device).float() for f in flags])
         work = torch_dist.all_reduce(values, op=torch_dist.ReduceOp.MAX, async_op=True)
         self._pending = (work, values)
 
-    def result(self) -> list[bool]:
-        """For each flag of the last start(), whether any rank set it (all False before any)."""
+    def result(self) -> list[int]:
+        """For each flag of the last start(), its maximum over all ranks (all 0 before any)."""
         if self._pending is None:
-            return [False] * self._num_flags
+            return [0] * self._num_flags
         work, values = self._pending
         self._pending = None
         work.wait()
-        return [bool(v) for v in values.tolist()]
+        return [int(v) for v in values.tolist()]
 
 
 def all_gather_object(obj: Any) -> list[Any]:

@@ -1,0 +1,236 @@
+"""OUT_DIR/run.lock: one run at a time per --out-dir.
+
+A run owns its --out-dir: two runs writing there would delete, overwrite or mix each other's
+checkpoints and metrics. So rank 0 holds OUT_DIR/run.lock while the run lasts. The file is JSON
+(host, pid, start time, torchrun's run id and restart count, SLURM's job id and restart count)
+and its modification time is a heartbeat, refreshed every HEARTBEAT_S seconds by a background
+thread. A second run on the same --out-dir is refused with exit status 2:
+
+    error: --out-dir runs/x is in use by another run (host h1, pid 1234, started ...); wait
+    for it to finish or use another --out-dir
+
+The lock is removed at every exit rank 0 lives to see (0, 1, 2, 143, a crash). A lock left by
+a run that could not remove it (SIGKILL, a lost node) is stale, and the next run takes it over
+with a warning, when:
+- its process is gone (same host and pid namespace: the pid no longer exists);
+- its heartbeat is older than STALE_AFTER_S (another host that died; clocks must agree to
+  within a minute);
+- it belongs to an earlier attempt of this job: the same torchrun run id with a lower restart
+  count (torchrun --max-restarts), or the same SLURM job with a lower restart count (requeued).
+"""
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from . import dist
+from .config import ConfigError
+
+HEARTBEAT_S = 30.0
+STALE_AFTER_S = 120.0
+LOCK_NAME = "run.lock"
+
+
+def lock_path(out_dir: str) -> Path:
+    return Path(out_dir) / LOCK_NAME
+
+
+def this_process() -> dict[str, Any]:
+    """What the lock says about its holder, and what staleness is judged against."""
+    me: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "pid_namespace": _pid_namespace(),
+        "pid": os.getpid(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "heartbeat_s": HEARTBEAT_S,  # the file's modification time is refreshed this often
+    }
+    for key in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+        if key in os.environ:
+            me[key.lower()] = os.environ[key]
+    for key in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
+        me[key.lower()] = int(os.environ.get(key, 0))
+    return me
+
+
+def _pid_namespace() -> str:
+    """Containers on one host can share a host name but not their pids: tell them apart."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""  # not Linux: the host name alone
+
+
+def read_lock(path: Path) -> tuple[dict[str, Any] | None, float] | None:
+    """The lock's holder (None if unreadable) and its heartbeat's age in s; None if no lock."""
+    try:
+        age = time.time() - path.stat().st_mtime
+        holder = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return None, age
+    return (holder if isinstance(holder, dict) else None), age
+
+
+def stale_reason(holder: dict[str, Any] | None, age: float, me: dict[str, Any]) -> str | None:
+    """Why a lock is stale (its holder is surely gone), or None if it may be running."""
+    if age > STALE_AFTER_S:
+        return f"no heartbeat for {age:.0f} s"
+    if holder is None:
+        return None  # being written, or damaged: judged by its heartbeat alone
+    same_host = (holder.get("host"), holder.get("pid_namespace")) == (
+        me["host"],
+        me["pid_namespace"],
+    )
+    if same_host and holder.get("pid") == me["pid"]:
+        return "left by an earlier run in this process"
+    if same_host and not _pid_exists(holder.get("pid")):
+        return f"process {holder.get('pid')} is gone"
+    for job, attempt, what in (
+        ("torchelastic_run_id", "torchelastic_restart_count", "torchrun restarted this job"),
+        ("slurm_job_id", "slurm_restart_count", "SLURM requeued this job"),
+    ):
+        if job in me and holder.get(job) == me[job] and holder.get(attempt, 0) < me[attempt]:
+            return what
+    return None
+
+
+def _pid_exists(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0: only checks that the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by another user
+    return True
+
+
+def in_use_message(out_dir: str, holder: dict[str, Any] | None) -> str:
+    who = "unreadable lock file"
+    if holder is not None:
+        who = f"host {holder.get('host')}, pid {holder.get('pid')}, started {holder.get('started')}"
+    return (
+        f"--out-dir {out_dir} is in use by another run ({who}); wait for it to finish or use"
+        " another --out-dir"
+    )
+
+
+def check_free(out_dir: str) -> None:
+    """Any rank, before the process group: refuse at once if a live run holds the lock.
+
+    Only a quick look, for a clear message before anything starts; RunLock.acquire decides.
+    Skipped on several nodes: a rank on another host than the holder cannot see whether its
+    process still exists, and ranks that disagree here would not exit together.
+    """
+    if int(os.environ.get("LOCAL_WORLD_SIZE", 1)) < int(os.environ.get("WORLD_SIZE", 1)):
+        return
+    found = read_lock(lock_path(out_dir))
+    if found is not None and stale_reason(*found, this_process()) is None:
+        raise ConfigError(in_use_message(out_dir, found[0]))
+
+
+def output_snapshot(out_dir: str) -> tuple[list[str], int]:
+    """What runs leave in OUT_DIR: checkpoint names and the size of metrics.jsonl (-1: none)."""
+    names = sorted(p.name for p in (Path(out_dir) / "checkpoints").glob("step_*.pt"))
+    metrics = Path(out_dir) / "metrics.jsonl"
+    return names, metrics.stat().st_size if metrics.exists() else -1
+
+
+class RunLock:
+    """OUT_DIR/run.lock, held by rank 0 from acquire() to release(); other ranks hold nothing.
+
+    `snapshot` is output_snapshot() as it was when --resume was decided: if another run wrote
+    to OUT_DIR in between, that decision is out of date and this run is refused too.
+    """
+
+    def __init__(self, out_dir: str, is_main: bool, snapshot: tuple[list[str], int]) -> None:
+        self.out_dir, self.is_main, self.snapshot = out_dir, is_main, snapshot
+        self.path = lock_path(out_dir)
+        self.content = ""  # what this process wrote, while it holds the lock
+        self._stop = threading.Event()
+
+    def acquire(self) -> bool:
+        """Rank 0 takes the lock; False on every rank if refused (rank 0 says why). A collective."""
+        try:
+            refusal = self._try_acquire() if self.is_main else None  # rank 0's file I/O only
+        except OSError as err:  # a read-only or missing file system, say
+            refusal = f"--out-dir {self.out_dir}: cannot create {self.path}: {err}"
+        refused = any(dist.all_gather_object(refusal))  # every rank calls it
+        if refusal:
+            print(f"error: {refusal}", file=sys.stderr, flush=True)
+        return not refused
+
+    def _try_acquire(self) -> str | None:
+        """Rank 0: create the lock, taking over a stale one; a message if refused."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        me = this_process()
+        for _ in range(3):  # a lock removed or taken over meanwhile: look again
+            if self._create(json.dumps(me)):
+                break
+            found = read_lock(self.path)
+            if found is None:
+                continue
+            reason = stale_reason(*found, me)
+            if reason is None:
+                return in_use_message(self.out_dir, found[0])
+            print(f"warning: taking over {self.path}, left by a run that is gone ({reason})")
+            self._remove_if_unchanged(found[0])
+        else:
+            return in_use_message(self.out_dir, None)
+        if output_snapshot(self.out_dir) != self.snapshot:
+            self.release()
+            return f"--out-dir {self.out_dir}: another run wrote to it while this one started"
+        threading.Thread(target=self._heartbeat, name="run.lock heartbeat", daemon=True).start()
+        return None
+
+    def _create(self, content: str) -> bool:
+        """Atomically: the complete file appears under the lock's name, or nothing does."""
+        tmp = self.path.with_name(f"{LOCK_NAME}.{socket.gethostname()}.{os.getpid()}.tmp")
+        tmp.write_text(content)
+        try:
+            os.link(tmp, self.path)  # fails if the lock exists, even on NFS
+        except FileExistsError:
+            return False
+        except OSError:  # a file system without hard links (some FUSE or SMB mounts)
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "w") as file:
+                file.write(content)  # readers see it empty for a moment: judged by heartbeat
+        finally:
+            tmp.unlink()
+        self.content = content
+        return True
+
+    def _remove_if_unchanged(self, holder: dict[str, Any] | None) -> None:
+        """Remove a stale lock, unless another run has just replaced it with its own."""
+        found = read_lock(self.path)
+        if found is not None and found[0] == holder:
+            self.path.unlink(missing_ok=True)
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                os.utime(self.path)
+            except OSError:
+                return  # removed: nothing left to keep alive
+
+    def release(self) -> None:
+        """Remove the lock if this process holds it; never raises (runs on the way out)."""
+        self._stop.set()
+        if not self.content:
+            return
+        try:
+            if self.path.read_text() == self.content:  # not a lock taken over meanwhile
+                self.path.unlink()
+        except OSError:
+            pass
+        self.content = ""
