@@ -48,9 +48,21 @@ def test_torchrun_two_processes(project: Path, tmp_path: Path) -> None:
     check_run(tmp_path, 5)
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
-def test_generated_test_suite_passes(template_dir: Path, tmp_path: Path, precision: str) -> None:
-    project = render(template_dir, tmp_path / "suite", precision=precision)
+# The generated suite for answers that together take every value class the questions offer:
+# each precision, accumulation 1 and more (the suite's own tests must not assume 1 or 2), both
+# loggers, all launchers, none, and one alone.
+SUITE_MATRIX = {
+    "bf16-accum1-all-launchers": dict(precision="bf16"),
+    "fp16-accum3-tensorboard-no-launchers": dict(
+        precision="fp16", grad_accum_steps=3, logger="tensorboard", launchers=[]
+    ),
+    "fp32-accum2-slurm-only": dict(precision="fp32", grad_accum_steps=2, launchers=["slurm"]),
+}
+
+
+@pytest.mark.parametrize("answers", list(SUITE_MATRIX.values()), ids=list(SUITE_MATRIX))
+def test_generated_test_suite_passes(template_dir: Path, tmp_path: Path, answers: dict) -> None:
+    project = render(template_dir, tmp_path / "suite", **answers)
     proc = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=project, timeout=1200)
     tail = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0, tail
