@@ -200,6 +200,7 @@ def run_rounds(
                 if retry_above is not None and foreign is not None and foreign > retry_above:
                     log(f"  (other processes used {100 * foreign:.0f}% of the cores; running it again)")
                     waited += wait_quiet(wait_quiet_s) if wait_quiet_s > 0 else 0.0
+                    _rmtree(out_dir)  # a run owns its --out-dir: --resume never refuses a used one
                     again = run_one(command(c, ws, w, out_dir), env, timeout)
                     if "error" not in again and again.get("foreign_cpu", 1.0) < foreign:
                         record = again
