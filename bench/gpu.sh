@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Generated trainer vs the hand-written DDP reference loop on one CUDA GPU (bf16, a larger MLP):
-# samples/s and achieved TFLOP/s side by side. Under 5 minutes on a recent GPU.
+# Generated trainer vs hand-written DDP, Accelerate and Fabric on one CUDA GPU (bf16): samples/s,
+# TFLOP/s and the share of a bf16 matmul's rate, for a launch-bound and a compute-bound workload.
+# About 10 minutes on an H200 with 2 rounds.
 #
-#   bash bench/gpu.sh                      # defaults: MLP 1024-4096x8-10, batch 256 x 4, 3 rounds
-#   bash bench/gpu.sh --repeats 5 --hidden-dim 8192    # any flag of `python -m bench.gpu --help`
+#   bash bench/gpu.sh                          # both workloads, every available contender
+#   bash bench/gpu.sh --repeats 3 --workloads compute    # any flag of `python -m bench.gpu --help`
 #
-# Needs: an NVIDIA GPU, and a Python with the CUDA build of torch (set PYTHON=/path/to/python to
-# pick one). It installs nothing but ddp-new's own small dependencies, from PyPI with pip, and
-# only when they are missing; torch is never installed or upgraded here.
+# Needs an NVIDIA GPU and a Python with the CUDA build of torch (PYTHON=/path/to/python picks
+# one). Works offline: it installs nothing from a registry. When copier (which renders the
+# project) is missing, it installs the wheels found in .whl/ (see ../shared/gpu.md for the list)
+# with --no-index; without them it says what to install. torch is never installed or upgraded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -21,12 +23,9 @@ if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() el
     echo "bench/gpu.sh: $PYTHON has no CUDA-enabled torch; install the CUDA build of torch first" >&2
     exit 1
 fi
-# What rendering a project and running its trainer need besides torch (see pyproject.toml).
-if ! "$PYTHON" -c 'import copier, typer, yaml, tqdm' 2>/dev/null; then
-    "$PYTHON" -m pip install --quiet "copier>=9.6,<10" "typer>=0.12" "pyyaml>=6" "tqdm>=4.60"
-fi
+bash tests/gpu/deps.sh "$PYTHON"
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "$PYTHON" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, torch.cuda.get_device_name())'
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the checkout, without installing it
 exec "$PYTHON" -m bench.gpu --device cuda "$@"

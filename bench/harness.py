@@ -92,6 +92,8 @@ def command(contender: str, world_size: int, w: Workload, out_dir: Path) -> list
         trainer += ["--ckpt-every=0", "--eval-every=0"]
     if base == "generated-noeval":  # defaults, but evaluation only at the (untimed) last step
         trainer += ["--eval-every=0"]
+    if base == "generated-compile":  # defaults plus torch.compile
+        trainer += ["--compile"]
     if base == "generated-workers2":
         trainer += ["--num-workers=2"]  # the later flag wins
     runner = [

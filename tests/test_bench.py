@@ -46,3 +46,23 @@ def test_bench_quick_reports_every_installed_contender(tmp_path: Path) -> None:
     runs = [r for r in result["runs"] if r["contender"] in expected]
     assert all(r["optimizer_steps_seen"] == r["warmup_steps"] + r["timed_steps"] + 1 for r in runs)
     assert all(r["world_size"] == 2 and r["global_batch"] == 32 * 4 * 2 for r in runs)
+
+
+@pytest.mark.slow
+def test_gpu_bench_script_runs_on_cpu(tmp_path: Path) -> None:
+    """bench/gpu.sh's Python side, at tiny sizes on CPU: every workload reports every contender."""
+    out = tmp_path / "gpu.json"
+    cmd = [
+        sys.executable, "-m", "bench.gpu", "--device", "cpu", "--tiny", "--precision", "fp32",
+        "--repeats", "1", "--contenders", "reference,generated,generated-quiet", "--json", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["workloads"]) == {"launch", "compute"}
+    for workload in result["workloads"].values():
+        for contender in ("reference", "generated", "generated-quiet"):
+            rate = workload["rows"][contender]["median_samples_per_sec"]
+            assert rate is not None and math.isfinite(rate) and rate > 0, (contender, rate)
+    assert "target generated >= 0.97x reference" in done.stdout
