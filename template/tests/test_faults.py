@@ -8,6 +8,7 @@ one fault injected on one rank at one step. Each run is compared with the uninte
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -30,6 +31,7 @@ from helpers import (
     read_metrics,
     same_parameters,
     training_env,
+    wait_for_steps,
 )
 
 FAULTS = Path(__file__).resolve().parent / "faults.py"
@@ -114,6 +116,59 @@ def test_sigterm_to_torchrun_saves_and_the_rerun_is_unchanged(
     rerun = launch(tmp_path, *REFERENCE, nproc=2)
     assert "(step 4)" in rerun.stdout
     assert same_parameters(load_model(reference / STEP_10), load_model(tmp_path / STEP_10))
+
+
+def test_ctrl_c_to_torchrun_saves_once_and_every_rank_exits_130(
+    reference: Path, tmp_path: Path
+) -> None:
+    # Ctrl-C at a terminal signals torchrun (its processes run in sessions of their own), and
+    # torchrun passes SIGINT on to every rank. As with SIGTERM, the ranks agree during step 4
+    # and stop after it, with one checkpoint.
+    status, output, _ = run_fault(tmp_path, "sigint-launcher", 0, 3, *REFERENCE)
+    assert status == 1 and "SignalException" in output, output  # torchrun itself
+    assert output.count("interrupted (Ctrl-C): saved step 4; rerun to resume. Exit 130.") == 1
+    assert sorted(re.findall(r"fault: rank (\d) exits (\d+)", output)) == [
+        ("0", "130"),
+        ("1", "130"),
+    ], output
+    assert "forcefully exiting" not in output and "KeyboardInterrupt" not in output
+    assert saved_steps(tmp_path) == [4]
+    rerun = launch(tmp_path, *REFERENCE, nproc=2)
+    assert "(step 4)" in rerun.stdout
+    assert same_parameters(load_model(reference / STEP_10), load_model(tmp_path / STEP_10))
+
+
+def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path: Path) -> None:
+    # The first Ctrl-C makes the run stop after the next step and save it; this save takes a
+    # minute (faults.py), and a second Ctrl-C during it stops the run at once.
+    fault = [str(FAULTS), "--fault=slow-save", "--step=0", "--"]
+    args = [*TINY, "--max-steps=100000", "--ckpt-every=0", f"--out-dir={tmp_path}"]
+    process = subprocess.Popen(
+        [sys.executable, *fault, *args],
+        env=training_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    wait_for_steps(tmp_path, 3, process)
+    process.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "checkpoints").glob("*.tmp")):  # the save has begun
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    output = process.communicate(timeout=30)[0]
+    assert process.returncode == 130, output
+    assert time.monotonic() - started < 10, output  # not after the minute-long save
+    assert output.splitlines()[-2:] == [
+        "interrupted again (Ctrl-C): stopped at once, without saving; rerun to resume from the"
+        " newest checkpoint",
+        "fault: rank 0 exits 130",
+    ], output
+    assert "Traceback" not in output
+    assert list((tmp_path / "checkpoints").iterdir()) == []  # no checkpoint, no partial file
+    assert not (tmp_path / "run.lock").exists()
 
 
 def test_sigterm_near_the_end_lets_the_run_finish(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Process-group setup and teardown, SIGTERM handling, and the collectives training needs.
+"""Process-group setup and teardown, and the collectives training needs.
 
 torchrun starts one process per GPU and tells each one who it is through environment
 variables: RANK (index among all processes), LOCAL_RANK (index on this node, which is the
@@ -13,18 +13,19 @@ to dump the NCCL flight recorder when --dist-timeout expires.
 
 import hashlib
 import os
-import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, NoReturn, Self
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 import torch.distributed as torch_dist
 
 from .config import ConfigError
+
+if TYPE_CHECKING:
+    from .preemption import Preemption
 
 
 @dataclass(frozen=True)
@@ -34,13 +35,42 @@ class DistEnv:
     world_size: int  # number of processes
 
 
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+TORCHRUN_VARIABLES = (*RANK_VARIABLES, "MASTER_ADDR", "MASTER_PORT")
+
+
 def read_env() -> DistEnv:
-    """Who this process is, from torchrun's variables (one process when they are absent)."""
-    return DistEnv(
-        rank=int(os.environ.get("RANK", 0)),
-        local_rank=int(os.environ.get("LOCAL_RANK", 0)),
-        world_size=int(os.environ.get("WORLD_SIZE", 1)),
-    )
+    """Who this process is, from torchrun's variables (one process when they are absent).
+
+    Some of them without the others (a WORLD_SIZE left in the shell, say) would make this
+    process wait --dist-timeout for ranks that never come, or fail deep inside torch: refuse.
+    """
+    given = [name for name in RANK_VARIABLES if name in os.environ]
+    if not given:
+        return DistEnv(rank=0, local_rank=0, world_size=1)
+    missing = [name for name in TORCHRUN_VARIABLES if not os.environ.get(name)]
+    fix = "launch with torchrun, or unset RANK, LOCAL_RANK and WORLD_SIZE to run one process"
+    if missing:
+        verb = "is" if len(given) == 1 else "are"
+        raise ConfigError(
+            f"{' and '.join(given)} {verb} set but not {', '.join(missing)} (torchrun sets them"
+            f" all): {fix}"
+        )
+    values = {}
+    for name in (*RANK_VARIABLES, "MASTER_PORT"):
+        try:
+            values[name] = int(os.environ[name])
+        except ValueError:
+            raise ConfigError(f"{name}={os.environ[name]!r} is not an integer: {fix}") from None
+    env = DistEnv(values["RANK"], values["LOCAL_RANK"], values["WORLD_SIZE"])
+    if not (0 <= env.rank < env.world_size and 0 <= env.local_rank < env.world_size):
+        raise ConfigError(
+            f"RANK={env.rank}, LOCAL_RANK={env.local_rank}, WORLD_SIZE={env.world_size} do not"
+            f" fit together (0 <= RANK, LOCAL_RANK < WORLD_SIZE): {fix}"
+        )
+    if not 0 < values["MASTER_PORT"] < 65536:
+        raise ConfigError(f"MASTER_PORT={values['MASTER_PORT']} is not a TCP port: {fix}")
+    return env
 
 
 def pick_device(name: str, local_rank: int) -> torch.device:
@@ -109,52 +139,7 @@ def _store(env: DistEnv, timeout: timedelta) -> torch_dist.Store | None:
 USAGE_ERROR_GRACE_S = 5.0  # see report_usage_error
 
 
-class Preemption:
-    """While active, SIGTERM only sets `reason`; so does the death of torchrun, under torchrun.
-
-    SIGTERM is how SLURM, Kubernetes and torchrun ask a job to stop. Saving inside the handler
-    could interrupt a collective, and ranks would save at different steps; instead the loop
-    agrees on the flag over all ranks (AnyRankLater) and stops at a step boundary.
-
-    A launcher killed with SIGKILL (or lost with its node) cannot pass a signal on, and its
-    workers would go on training and writing checkpoints, orphaned, alongside a rerun. So
-    under torchrun a background thread watches the parent process: when the worker is
-    re-parented, torchrun is gone, and the run stops as after SIGTERM.
-    """
-
-    SIGTERM, LAUNCHER_EXITED = 1, 2  # reasons; the ranks agree on the largest
-    WHY = {SIGTERM: "SIGTERM", LAUNCHER_EXITED: "launcher (torchrun) exited"}
-    WATCH_EVERY_S = 1.0
-    reason = 0
-
-    @property
-    def requested(self) -> bool:
-        return self.reason > 0
-
-    def __enter__(self) -> Self:
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
-        self._done = threading.Event()
-        if "TORCHELASTIC_RUN_ID" in os.environ:  # set by torchrun for its workers
-            parent = os.getppid()
-            watch = threading.Thread(target=self._watch, args=(parent,), daemon=True)
-            watch.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._done.set()
-        signal.signal(signal.SIGTERM, self._previous)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.reason = max(self.reason, self.SIGTERM)
-
-    def _watch(self, parent: int) -> None:
-        while not self._done.wait(self.WATCH_EVERY_S):
-            if os.getppid() != parent:
-                self.reason = self.LAUNCHER_EXITED
-                return
-
-
-def report_usage_error(message: str, env: DistEnv, preemption: Preemption) -> None:
+def report_usage_error(message: str, env: DistEnv, preemption: "Preemption") -> None:
     """Print a mistake in the settings once, not once per rank.
 
     Every rank checks the same settings, so rank 0 reports and the others stay silent: once
@@ -220,10 +205,21 @@ def is_main() -> bool:
     return int(os.environ.get("RANK", 0)) == 0
 
 
+def world_size() -> int:
+    """Number of processes in the group (1 before it exists)."""
+    return torch_dist.get_world_size() if torch_dist.is_initialized() else 1
+
+
 def print0(message: str) -> None:
     """Print on rank 0 only."""
     if is_main():
         print(message, flush=True)
+
+
+def print0_error(message: str) -> None:
+    """'error: message' on stderr, on rank 0 only."""
+    if is_main():
+        print(f"error: {message}", file=sys.stderr, flush=True)
 
 
 def barrier() -> None:

@@ -1,6 +1,7 @@
 """The optimizer and the learning-rate schedule."""
 
 import math
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -12,11 +13,6 @@ def build_optimizer(
     cfg: TrainConfig, model: nn.Module, world_size: int, device: torch.device
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW (no weight decay on biases) with linear warmup, then cosine decay."""
-    peak_lr = cfg.lr
-    if cfg.scale_lr:
-        # Linear scaling rule (Goyal et al., 2017): a k times larger batch averages away more
-        # gradient noise, so it can take k times larger steps. Pair it with warmup.
-        peak_lr *= cfg.batch_size * cfg.grad_accum_steps * world_size / cfg.base_batch_size
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
@@ -24,9 +20,19 @@ def build_optimizer(
     ]
     # fused: one kernel for the whole update where torch has one (CUDA and CPU); it was 1.04-1.09x
     # faster per step than the default on CPU in bench/ (same update up to float rounding).
-    optimizer = torch.optim.AdamW(groups, lr=peak_lr, fused=device.type in ("cuda", "cpu"))
+    fused = device.type in ("cuda", "cpu")
+    optimizer = torch.optim.AdamW(groups, lr=peak_lr(cfg, world_size), fused=fused)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
     return optimizer, scheduler
+
+
+def peak_lr(cfg: TrainConfig, world_size: int) -> float:
+    """--lr, or with --scale-lr the linear scaling rule's multiple of it."""
+    if not cfg.scale_lr:
+        return cfg.lr
+    # Linear scaling rule (Goyal et al., 2017): a k times larger batch averages away more
+    # gradient noise, so it can take k times larger steps. Pair it with warmup.
+    return cfg.lr * cfg.batch_size * cfg.grad_accum_steps * world_size / cfg.base_batch_size
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -35,3 +41,32 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
         return (step + 1) / cfg.warmup_steps
     done = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * done))
+
+
+def reschedule(
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LambdaLR,
+    cfg: TrainConfig,
+) -> None:
+    """After a resume: the next step's LR from this run's schedule, not the checkpoint's.
+
+    The two differ when --max-steps changed: the warmup stays, and the cosine decay is
+    stretched (or squeezed) to end at the new --max-steps. From the resumed step on, every
+    step uses the LR that a run started with the new --max-steps would use at that step.
+    Unchanged --max-steps: the same value as saved, bit for bit (the same computation).
+    """
+    for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs, strict=True):
+        group["lr"] = base_lr * lr_factor(scheduler.last_epoch, cfg)
+
+
+def schedule_note(cfg: TrainConfig, saved_max_steps: int, step: int, world_size: int) -> str:
+    """One line on resuming with another --max-steps: what the LR does now; '' otherwise."""
+    if saved_max_steps == cfg.max_steps or step >= cfg.max_steps:
+        return ""
+    peak, old = peak_lr(cfg, world_size), replace(cfg, max_steps=saved_max_steps)
+    return (
+        f"--max-steps {cfg.max_steps} (the checkpoint's run: {saved_max_steps}): the LR schedule"
+        f" is recomputed for {cfg.max_steps} steps; step {step + 1} uses lr"
+        f" {peak * lr_factor(step, cfg):.2e}, as a run with --max-steps {cfg.max_steps} would"
+        f" ({peak * lr_factor(step, old):.2e} on the old schedule)"
+    )
