@@ -253,20 +253,32 @@ def test_nan_on_one_rank_stops_all_ranks_at_once(tmp_path: Path, precision: str)
     args = [f"--precision={precision}", "--ckpt-every=1", "--dist-timeout=60"]
     status, output, seconds = run_fault(tmp_path, "nan-loss", 1, 3, *args)
     assert status == 1, output
-    if precision == "fp16":
-        # The NaN gradients reach both ranks, whose GradScalers skip step 3 as an overflow;
-        # the NaN loss itself is agreed on in the background: both stop at step 4, unapplied.
-        expected = "non-finite loss on some rank at step 3; all ranks stopped at step 4 without"
-        assert saved_steps(tmp_path) == [1, 2, 3]
-        assert read_metrics(tmp_path)[-1]["skipped_steps"] >= 1
-    else:
-        # The NaN gradients reach both ranks through the all-reduce: both stop before step 3.
-        expected = "non-finite gradient norm at step 3; all ranks stopped before applying it"
-        assert saved_steps(tmp_path) == [1, 2]  # nothing saved after the NaN
+    # The NaN gradients reach both ranks through the all-reduce, and both skip the update on
+    # the device (fp16: the GradScaler does). Every step saves here, so every step checks:
+    # both stop at step 3 and save nothing after the NaN.
+    expected = (
+        "non-finite loss on some rank at step 3; its update was not applied, and all ranks"
+        " stopped at step 3."
+    )
+    assert saved_steps(tmp_path) == [1, 2]
     assert f"error: {expected}" in output
     assert "--detect-anomaly" in output
     assert rank_exit_codes(output) == {"1"}, output  # both ranks exited by themselves
     assert seconds < 30, output
+
+
+def test_nan_between_checks_stops_all_ranks_at_the_next_check(tmp_path: Path) -> None:
+    # Steps that neither log, evaluate nor save never wait for a value from the device: the
+    # NaN of step 3 on rank 1 is skipped on the device by both ranks, and found at step 5.
+    args = ["--log-every=5", "--ckpt-every=0", "--eval-every=0", "--dist-timeout=60"]
+    status, output, _ = run_fault(tmp_path, "nan-loss", 1, 3, *args)
+    assert status == 1, output
+    assert (
+        "error: non-finite loss on some rank at step 3; its update was not applied, and all"
+        " ranks stopped at step 5." in output
+    ), output
+    assert saved_steps(tmp_path) == []  # nothing is saved after a NaN
+    assert rank_exit_codes(output) == {"1"}, output
 
 
 def test_exception_on_one_rank_ends_the_job(tmp_path: Path) -> None:

@@ -6,14 +6,23 @@ samples consumed in it), the RNG states of every rank, the config, world size an
 Only plain types and tensors go in, so it loads with `torch.load(..., weights_only=True)`.
 Which checkpoint a run starts from (--resume, --init-from) is decided in resume.py.
 
+Saving does not stall training (Checkpointer): the state is copied off the device (to pinned
+host memory, in stream order, so the next step cannot change it under the copy) and a
+background thread writes it while training goes on. One save is in flight at most: the next
+one first waits for it. Writes are atomic (a temporary file, fsync, rename): a crash
+mid-write leaves the previous checkpoint as the newest readable one.
+
 Rotation keeps the checkpoint just written and the newest --keep-last - 1 before it, and
-leaves later steps alone. A save that fails (a full disk, say) leaves no partial file behind,
-and all ranks stop with one line saying which checkpoint is left (SaveError).
+leaves later steps alone. A save that fails (a full disk, say) leaves no partial file behind;
+the ranks learn it at the next save, or at the end of the run, and all of them stop there
+with one line saying which checkpoint is left (SaveError).
 """
 
 import os
 import platform
 import random
+import threading
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -94,28 +103,94 @@ def step_of(path: Path) -> int:
     return int(path.stem.removeprefix("step_"))
 
 
-def save(state: dict[str, Any], out_dir: str, keep_last: int, is_main: bool) -> None:
-    """Rank 0 writes atomically and rotates; all ranks wait for it, and raise SaveError if the
-    write failed (so they stop together, instead of rank 0 alone with a traceback)."""
-    problem = None
-    if is_main:
-        path = checkpoint_path(out_dir, state["step"])
+class Checkpointer:
+    """Writes checkpoints in the background on rank 0; every rank calls save() and wait().
+
+    save() returns after the state has been copied off the device: the seconds it took are the
+    training stall of that save, reported in metrics.jsonl (ckpt_stall_s). The write itself
+    (pickling, the disk, fsync) runs on a thread, overlapped with the next steps.
+    """
+
+    def __init__(self, out_dir: str, keep_last: int, is_main: bool) -> None:
+        self.out_dir, self.keep_last, self.is_main = out_dir, keep_last, is_main
+        self._thread: threading.Thread | None = None
+        self._writing: Path | None = None  # the checkpoint being written
+        self._problem: str | None = None  # why the last write failed
+        self._pinned: dict[str, torch.Tensor] = {}  # host buffers, reused by every save
+        self._last_save = time.monotonic()
+
+    def due_by_time(self, minutes: float) -> int:
+        """1 if `minutes` (> 0) have passed since the last save on this rank's clock."""
+        return int(minutes > 0 and time.monotonic() - self._last_save >= minutes * 60)
+
+    def save(self, state: dict[str, Any]) -> float:
+        """Start saving `state`; returns the seconds training stalled for it."""
+        started = time.perf_counter()
+        self._last_save = time.monotonic()
+        self.wait()  # one save in flight at most; raises SaveError if the last one failed
+        if self.is_main:
+            path = checkpoint_path(self.out_dir, state["step"])
+            staged, copied = self._stage(state), None
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                copied = torch.cuda.Event()  # marks the end of the copies queued above
+                copied.record()
+            self._writing = path
+            self._thread = threading.Thread(
+                target=self._write, args=(staged, copied, path), name="checkpoint", daemon=True
+            )
+            self._thread.start()
+        return time.perf_counter() - started
+
+    def wait(self) -> None:
+        """Wait until the save in flight is on disk. A collective: all ranks raise SaveError
+        together if it failed, instead of rank 0 alone with a traceback."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread, self._writing = None, None
+        problem = dist.all_gather_object(self._problem)[0]  # rank 0's outcome; also a barrier
+        if problem:
+            raise SaveError(problem)
+
+    def abandon(self) -> None:
+        """Stop at once (a second Ctrl-C): remove the file being written, wait for nothing.
+        The thread is a daemon: it dies with the process."""
+        if self._writing is not None:
+            self._writing.with_name(self._writing.name + ".tmp").unlink(missing_ok=True)
+
+    def _stage(self, value: Any, key: str = "") -> Any:
+        """A copy of `value` whose tensors live in host memory (for a GPU: queued copies)."""
+        if isinstance(value, torch.Tensor):
+            if value.device.type == "cpu":
+                return value.detach().clone()  # training updates parameters in place
+            buffer = self._pinned.get(key)
+            if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
+                buffer = torch.empty_like(value, device="cpu", pin_memory=True)
+                self._pinned[key] = buffer
+            # Queued on the current stream, so it reads the values before the next optimizer
+            # step's kernels change them; non_blocking: the host does not wait for it here.
+            return buffer.copy_(value.detach(), non_blocking=True)
+        if isinstance(value, dict):
+            return {k: self._stage(v, f"{key}/{k}") for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._stage(v, f"{key}/{i}") for i, v in enumerate(value))
+        return value  # plain Python values: already a snapshot (asdict, getstate)
+
+    def _write(self, state: dict[str, Any], copied: torch.cuda.Event | None, path: Path) -> None:
+        if copied is not None:
+            copied.synchronize()  # this thread waits for the copies; training does not
         try:
             _write_atomic(state, path)
         except OSError as err:  # no space left, a quota, permissions, a lost mount
-            problem = save_problem(err, state["step"], path)
-        else:
-            # Delete old checkpoints only now that the new one is safely on disk, and never the
-            # new one: keep it and the newest keep_last - 1 before it. Later steps are left
-            # alone (an unreadable newest checkpoint that --resume auto skipped, say): they
-            # are not older. Also delete temporary files of saves that a crash interrupted
-            # (this run holds OUT_DIR/run.lock: no other process writes here).
-            older = [p for p in list_checkpoints(path.parent) if step_of(p) < state["step"]]
-            for old in older[keep_last - 1 :] + stray_temp_files(path.parent):
-                old.unlink()
-    problem = dist.all_gather_object(problem)[0]  # rank 0's outcome; also the barrier
-    if problem:
-        raise SaveError(problem)
+            self._problem = save_problem(err, state["step"], path)
+            return
+        # Delete old checkpoints only now that the new one is safely on disk, and never the
+        # new one: keep it and the newest keep_last - 1 before it. Later steps are left alone
+        # (an unreadable newest checkpoint that --resume auto skipped, say): they are not
+        # older. Also delete temporary files of saves that a crash interrupted (this run holds
+        # OUT_DIR/run.lock: no other process writes here).
+        older = [p for p in list_checkpoints(path.parent) if step_of(p) < state["step"]]
+        for old in older[self.keep_last - 1 :] + stray_temp_files(path.parent):
+            old.unlink(missing_ok=True)
 
 
 def save_problem(err: OSError, step: int, path: Path) -> str:
@@ -137,7 +212,7 @@ def _write_atomic(state: dict[str, Any], path: Path) -> None:
             file.flush()
             os.fsync(file.fileno())  # the bytes are on disk before the name points at them
         os.replace(tmp, path)  # atomic: readers see the old name or the complete new file
-    except BaseException:  # a full disk, or a second Ctrl-C: leave no partial file behind
+    except BaseException:  # a full disk, say: leave no partial file behind
         tmp.unlink(missing_ok=True)
         raise
     if os.name == "posix":  # make the rename itself durable

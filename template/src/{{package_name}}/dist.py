@@ -100,6 +100,9 @@ def check_precision(precision: str, device: torch.device) -> None:
             )
 
 
+_HOST_GROUP: torch_dist.ProcessGroup | None = None  # see host_group()
+
+
 def setup(env: DistEnv, device: torch.device, timeout_s: int) -> None:
     """Create the process group: nccl for GPUs, gloo for CPUs."""
     timeout = timedelta(seconds=timeout_s)
@@ -114,6 +117,9 @@ def setup(env: DistEnv, device: torch.device, timeout_s: int) -> None:
         # Binds the group to this GPU: NCCL connects eagerly and barriers need not guess a device.
         device_id=device if device.type == "cuda" else None,
     )
+    global _HOST_GROUP
+    # Every rank creates it, in the same order: new_group is a collective.
+    _HOST_GROUP = torch_dist.new_group(backend="gloo") if device.type == "cuda" else None
 
 
 def _store(env: DistEnv, timeout: timedelta) -> torch_dist.Store | None:
@@ -170,7 +176,9 @@ def cleanup(clean_exit: bool) -> None:
             time.sleep(0.05)
             torch_dist.barrier()
         time.sleep(0.05)
-    torch_dist.destroy_process_group()
+    torch_dist.destroy_process_group()  # the host group too
+    global _HOST_GROUP
+    _HOST_GROUP = None
 
 
 def fail(err: BaseException, env: DistEnv, timeout_s: int) -> NoReturn:
@@ -243,40 +251,63 @@ def max_(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-class AnyRankLater:
-    """Flags of all ranks (their maximum), agreed in the background: the answer comes a step late.
+def min_(tensor: torch.Tensor) -> torch.Tensor:
+    """Element-wise minimum over all ranks, in place."""
+    torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MIN)
+    return tensor
 
-    A blocking all-reduce of the flags every step would make the ranks wait for each other a
-    second time per step (the gradient all-reduce is the first): up to 6 % of throughput
-    with 2 CPU processes. Instead, start() launches the all-reduce (MAX) at the end of step N
-    and result() collects it during step N+1, by when it has long finished. Every rank calls
-    both at the same steps, so all of them get the same answer at the same step.
+
+class AgreeLater:
+    """Named host-side flags of all ranks (their maximum), agreed in the background.
+
+    Why it exists: every rank must stop (SIGTERM, Ctrl-C) or checkpoint (--ckpt-every-minutes)
+    at the same step, or one of them would wait forever in a collective the others never join.
+    A blocking all-reduce every step would make the ranks wait for each other a second time
+    per step; on a GPU, reading a flag back from the device would also wait for the whole
+    queue of kernels. So the flags stay on the host (CPU tensors, over gloo: `host_group()`),
+    start() launches the all-reduce at the end of step N and result() collects it at the end
+    of step N+1, by when it has long finished. Every rank calls both at the same steps, so all
+    of them get the same answer at the same step, one step late.
     """
 
-    def __init__(self, num_flags: int) -> None:
-        self._num_flags = num_flags
+    def __init__(self, *names: str) -> None:
+        self.names = names
         self._pending: tuple[torch_dist.Work, torch.Tensor] | None = None
 
-    def start(self, flags: list[torch.Tensor | int], device: torch.device) -> None:
-        """Start agreeing on this rank's flags (small ints or bools, or 0-dim device tensors)."""
-        values = torch.stack([torch.as_tensor(f, device=device).float() for f in flags])
-        work = torch_dist.all_reduce(values, op=torch_dist.ReduceOp.MAX, async_op=True)
+    def start(self, **flags: int) -> None:
+        """Start agreeing on this rank's flags: small non-negative ints, one per name."""
+        values = torch.tensor([flags[name] for name in self.names], dtype=torch.int64)
+        work = torch_dist.all_reduce(
+            values, op=torch_dist.ReduceOp.MAX, group=host_group(), async_op=True
+        )
         self._pending = (work, values)
 
-    def result(self) -> list[int]:
-        """For each flag of the last start(), its maximum over all ranks (all 0 before any)."""
+    def result(self) -> dict[str, int]:
+        """Each flag of the last start(), its maximum over all ranks (all 0 before any)."""
         if self._pending is None:
-            return [0] * self._num_flags
+            return dict.fromkeys(self.names, 0)
         work, values = self._pending
         self._pending = None
         work.wait()
-        return [int(v) for v in values.tolist()]
+        return dict(zip(self.names, values.tolist(), strict=True))  # a CPU tensor: no sync
+
+
+def host_group() -> torch_dist.ProcessGroup | None:
+    """A gloo group for small host-side agreements; None (the default group) when it is gloo.
+
+    On GPUs the default group is nccl, whose collectives run on the device: a flag sent
+    through it would have to be copied to the GPU and its answer read back (a sync).
+    """
+    return _HOST_GROUP
 
 
 def all_gather_object(obj: Any) -> list[Any]:
-    """Collect one picklable object from every rank, in rank order, on every rank."""
+    """Collect one picklable object from every rank, in rank order, on every rank.
+
+    Over the host group: with nccl the pickled bytes would travel through the GPUs.
+    """
     gathered: list[Any] = [None] * torch_dist.get_world_size()
-    torch_dist.all_gather_object(gathered, obj)
+    torch_dist.all_gather_object(gathered, obj, group=host_group())
     return gathered
 
 
