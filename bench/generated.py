@@ -9,7 +9,7 @@ leaves out logging and checkpoint time, and the share of step time spent waiting
 The project must be importable: PYTHONPATH=<project>/src.
 
 It also times, inside the same run, the trainer's calls that are not training: metrics
-(reduce_metrics, Logger.log), checkpoints (build_state, save) and evaluation. Their seconds
+(reduce_metrics, Logger.log), checkpoints (build_state, Checkpointer.save) and evaluation. Their seconds
 inside the timed window, over the window's other seconds, are the overhead of logging,
 checkpointing and evaluation at the configured intervals: measured in one run, so free of the
 5-15 % that separate runs differ by on a shared machine. (On CPU every op is synchronous, so a
@@ -75,7 +75,7 @@ SIDE_WORK = (
     ("metrics", "reduce_metrics", "log"),
     ("metrics.Logger", "log", "log"),
     ("checkpoint", "build_state", "checkpoint"),
-    ("checkpoint", "save", "checkpoint"),
+    ("checkpoint.Checkpointer", "save", "checkpoint"),  # the stall; the write is a thread
     ("train", "evaluate", "eval"),
 )
 

@@ -83,13 +83,16 @@ def command(contender: str, world_size: int, w: Workload, out_dir: Path) -> list
         timing = [f"--warmup={w.warmup}", f"--timed={w.timed}"]
         return torchrun(world_size, "bench.loops", [f"--contender={contender}", *w.common_flags(), *timing])
     base, *patch_names = contender.split("+")  # e.g. generated-quiet+fused_adamw: a what-if
-    trainer = [*w.common_flags(), "--resume=never"]
+    # The trainer saves every 1000 steps or 30 minutes by default; the bench saves once in its
+    # 100-step window (a harsher case), so the window holds a checkpoint as well as an eval.
+    trainer = [*w.common_flags(), "--resume=never", "--ckpt-every=100"]
     if base == "generated-quiet":  # nothing inside the window: only the (untimed) last step
         trainer += ["--log-every=1000000000", "--ckpt-every=0", "--eval-every=0"]
+        trainer += ["--ckpt-every-minutes=0"]
     if base == "generated-ckptonly":  # defaults, but no metrics lines or evaluation in the window
         trainer += ["--log-every=1000000000", "--eval-every=0"]
     if base == "generated-logonly":  # defaults, but no checkpoint or evaluation in the window
-        trainer += ["--ckpt-every=0", "--eval-every=0"]
+        trainer += ["--ckpt-every=0", "--ckpt-every-minutes=0", "--eval-every=0"]
     if base == "generated-noeval":  # defaults, but evaluation only at the (untimed) last step
         trainer += ["--eval-every=0"]
     if base == "generated-compile":  # defaults plus torch.compile

@@ -41,21 +41,21 @@ def fused_adamw(package: str, switch: Switch) -> None:
 
 
 def async_flags(package: str, switch: Switch) -> None:
-    """dist.py: the SIGTERM/non-finite-loss flags all-reduced in the background and collected
-    a step later (AnyRankLater, applied in the template since v0.3.0). Off gives the code
-    before it: the flags all-reduced and read back within the step (`.wait()` + `.tolist()`).
+    """dist.py: the SIGTERM and save-by-time flags all-reduced in the background over the
+    host group and collected a step later (AgreeLater). Off gives a blocking agreement within
+    the step (`.wait()` right after starting it), the code before v0.3.0.
     """
     dist = importlib.import_module(f"{package}.dist")
-    original = dist.AnyRankLater.start
+    original = dist.AgreeLater.start
 
-    def start(self: Any, flags: list[Any], device: torch.device) -> None:
-        original(self, flags, device)
+    def start(self: Any, **flags: int) -> None:
+        original(self, **flags)
         if not switch.on:
             work, values = self._pending
             work.wait()
             values.tolist()
 
-    dist.AnyRankLater.start = start
+    dist.AgreeLater.start = start
 
 
 def batch_indexing(package: str, switch: Switch) -> None:

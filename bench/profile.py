@@ -61,8 +61,8 @@ def worker(args: argparse.Namespace) -> None:
     t = Timers(clock, args.warmup, args.timed)
     t.wrap(train, "forward_backward", "forward+backward (incl. DDP all-reduce)", data_wait_from_result=True)
     t.wrap(torch.nn.utils, "clip_grad_norm_", "clip_grad_norm_")
-    t.wrap(pkg_dist.AnyRankLater, "start", "flags: start the background all-reduce")
-    t.wrap(pkg_dist.AnyRankLater, "result", "flags: collect the previous step's all-reduce")
+    t.wrap(pkg_dist.AgreeLater, "start", "flags: start the background all-reduce")
+    t.wrap(pkg_dist.AgreeLater, "result", "flags: collect the previous step's all-reduce")
     t.wrap(torch.amp.GradScaler, "step", "optimizer step (AdamW via scaler.step)")
     t.wrap(torch.amp.GradScaler, "update", "scaler.update")
     t.wrap(torch.amp.GradScaler, "unscale_", "scaler.unscale_")
@@ -72,7 +72,7 @@ def worker(args: argparse.Namespace) -> None:
     t.wrap(metrics.Logger, "log", "metrics: write + print")
     t.wrap(train, "evaluate", "evaluate")
     t.wrap(checkpoint, "build_state", "checkpoint: build_state")
-    t.wrap(checkpoint, "save", "checkpoint: save")
+    t.wrap(checkpoint.Checkpointer, "save", "checkpoint: save (stall; the write is a thread)")
     for method in SYNC_METHODS:
         t.count(torch.Tensor, method, f"Tensor.{method}")
     argv = [*WORKLOAD, f"--max-steps={args.warmup + args.timed + 1}", f"--out-dir={args.out_dir}"]
