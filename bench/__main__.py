@@ -4,6 +4,7 @@
     python -m bench --quick         # one round, shorter window: about 2-3 minutes
     python -m bench --repeats 5     # more rounds, tighter medians
     python -m bench --wait-quiet 30 # on a shared machine: start each run when the cores are idle
+    python -m bench --workload lm   # the language-model task: its GPT vs a hand-written loop on it
 
 Renders a project from this repository's working tree with the real CLI, then runs every
 contender on the same workload (MLP 256-1024x3-10, per-rank batch 32, 4 accumulation
@@ -11,6 +12,10 @@ micro-steps, AdamW, fp32, CPU, gloo) at world sizes 1 and 2 under torchrun, inte
 (A B C ... A B C ...). Reports median global samples/s per contender and world size, the
 median of per-round ratios to the hand-written reference, the generated trainer's logging and
 checkpointing overhead, the no_sync gain, its data-wait share, and CLI start-up times.
+With --workload lm the project is rendered with task=lm and the model is its GPT (4 blocks,
+width 128, 4 heads, windows of 64 bytes, per-rank batch 8 windows, 4 micro-steps) on 36 KB of
+its shipped text: exactly 512 training windows, so every epoch splits into full steps at W=1
+and W=2; the hand-written contenders (bench/lm_loop.py) train the same GPT class.
 See bench/README.md for the method.
 """
 
@@ -37,6 +42,7 @@ from .harness import (
     environment,
     fmt,
     git_state,
+    lm_text,
     pct,
     run_one,
     run_rounds,
@@ -69,6 +75,11 @@ DESCRIPTIONS = {
     "allreduce": "hand-written DDP loop, all-reduce on every micro-step",
     "accelerate": "Hugging Face Accelerate, accumulate()",
     "fabric": 'Lightning Fabric, strategy="ddp", no_backward_sync()',
+}
+LM_CONTENDERS = ("reference", "generated", "generated-noeval", "generated-quiet", "allreduce")
+LM_DESCRIPTIONS = {
+    "reference": "hand-written DDP loop on the project's GPT, no_sync, fused AdamW (bench/lm_loop.py)",
+    "allreduce": "the same hand-written loop, all-reduce on every micro-step",
 }
 # The targets of the issue: checked and printed on every run, never asserted in tests.
 TARGET_VS_REFERENCE = 0.97
@@ -110,10 +121,13 @@ def print_table(title: str, summary: dict[str, Any], contenders: list[str]) -> N
 
 def print_report(result: dict[str, Any]) -> None:
     summary, contenders = result["summary"], result["contenders"]
+    lm = result["workload"]["task"] == "lm"
+    note = "Samples are windows of seq_len tokens: tokens/s = samples/s x seq_len. " if lm else ""
     print()
     print_table(
-        f"Global samples/s (wall clock): median of {result['repeats']} interleaved rounds; x ref: median of"
-        f" per-round ratios to the reference. OMP_NUM_THREADS={result['threads_per_process']} per process.",
+        note + f"Global samples/s (wall clock): median of {result['repeats']} interleaved rounds;"
+        " x ref: median of per-round ratios to the reference."
+        f" OMP_NUM_THREADS={result['threads_per_process']} per process.",
         summary,
         contenders,
     )
@@ -178,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, help="untimed optimizer steps (default 10; 5 with --quick)")
     p.add_argument("--timed", type=int, help="timed optimizer steps (default 100; 40 with --quick)")
     p.add_argument("--tiny", action="store_true", help="tiny model and data (a smoke test of the harness)")
+    p.add_argument("--workload", choices=["mlp", "lm"], default="mlp", help="the task (default mlp)")
     p.add_argument("--wait-quiet", type=float, default=0, metavar="S", help="wait <= S s for idle cores")
     p.add_argument(
         "--retry-above", type=float, metavar="F", help="rerun a run once if others used > F of the cores"
@@ -197,11 +212,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     repeats = args.repeats or (1 if args.quick else 3)
-    w = Workload()
+    w = Workload(task="lm" if args.workload == "lm" else "classifier")
+    if w.task == "lm":
+        w.batch_size = 8
+        if args.contenders == ",".join(ALL_CONTENDERS):
+            args.contenders = ",".join(LM_CONTENDERS)
+        DESCRIPTIONS.update(LM_DESCRIPTIONS)
     if args.quick:
         w.warmup, w.timed = 5, 40
     if args.tiny:
         w.input_dim, w.hidden_dim, w.depth, w.num_samples = 16, 32, 1, 1024
+        w.n_layer, w.d_model, w.n_head, w.seq_len = 1, 32, 2, 16
     w.warmup = args.warmup if args.warmup is not None else w.warmup
     w.timed = args.timed if args.timed is not None else w.timed
     if w.warmup < 1 or w.timed < 1 or repeats < 1:
@@ -213,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         known = ALL_CONTENDERS + EXTRA_CONTENDERS
         if base not in known or (patch_names and not base.startswith("generated")):
             raise SystemExit(f"unknown contender {c!r}; choose from {', '.join(known)}")
+        if w.task == "lm" and base not in LM_CONTENDERS:
+            raise SystemExit(f"{c}: not available for --workload lm; choose from {', '.join(LM_CONTENDERS)}")
         if set(patch_names) - set(PATCHES):
             raise SystemExit(f"{c}: patches are {', '.join(PATCHES)} (bench/patches.py)")
         if patch_names:
@@ -239,7 +262,13 @@ def main(argv: list[str] | None = None) -> int:
     started, git = time.time(), git_state()  # the template is rendered from this state
     try:
         project = work / "project"
-        render_s = render(project, PACKAGE)
+        render_s = render(project, PACKAGE, data={"task": w.task})
+        if w.task == "lm":
+            w.data_path, w.token_dir = str(work / "text.txt"), str(work / "tokens")
+            # 512 training windows: every epoch splits into full steps at W=1 and W=2.
+            lm_text(
+                (project / "src" / PACKAGE / "corpus.txt").read_bytes(), w.seq_len, 512, work / "text.txt"
+            )
         log(f"rendered the working tree's template in {render_s:.2f} s: {project}")
         env = environment(args.threads, project, pin_malloc=not args.no_pin_malloc)
         load_before = os.getloadavg()

@@ -63,7 +63,7 @@ def read_metrics(out_dir: Path, first_step: int, last_step: int) -> dict[str, An
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     window = [r for r in records if first_step < r.get("step", 0) <= last_step]
     out: dict[str, Any] = {"metrics_lines": len(window)}
-    for key in ("samples_per_sec", "data_wait_frac"):
+    for key in ("samples_per_sec", "data_wait_frac", "tokens_per_sec", "mfu"):
         values = [r[key] for r in window if isinstance(r.get(key), int | float)]
         if values:
             out[f"self_{key}_median"] = statistics.median(values)

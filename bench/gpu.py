@@ -8,9 +8,15 @@ World size 1 under torchrun, bf16 autocast, the same timing method as `python -m
 - launch:  MLP 1024-4096x8-10 (122 M parameters), batch 256 x 4 micro-steps: small kernels, so
            the host (Python, data loading, syncs) decides the speed;
 - compute: MLP 1024-8192x4-10 (210 M parameters), batch 4096 x 2: large matmuls, so the GPU does.
-Achieved TFLOP/s = 6 x parameters x samples/s / 1e12 (forward 2, backward 4 FLOPs per parameter
-and sample; the GELUs and the loss are ignored), printed next to the rate of a bf16 8192^3 matmul
-measured in the same run: the chip's practical ceiling.
+- gpt2:    the project rendered with task=lm at its GPT-2 small preset (12 blocks, width 768,
+           12 heads, context 1024; 85 M parameters with byte tokens), batch 16 x 2 windows, on
+           2 MB of its shipped text repeated; the hand-written loop (bench/lm_loop.py) trains the
+           same GPT class.
+Achieved TFLOP/s = FLOPs per sample x samples/s / 1e12: 6 x parameters for the MLP (forward 2,
+backward 4 FLOPs per parameter and sample; the GELUs and the loss are ignored), and for the GPT
+seq_len x (6 N + 12 n_layer d_model seq_len), the generated model's own count; printed next to
+the rate of a bf16 8192^3 matmul measured in the same run (the chip's practical ceiling) and, for
+the GPT, as MFU: a share of the data sheet's dense bf16 peak (989 TFLOP/s on H100/H200 SXM).
 
 Contenders: reference (bench/loops.py, fused AdamW), generated (defaults: metrics every 10 steps,
 evaluation and a checkpoint every 100, so the window holds one of each), generated-quiet (none of
@@ -32,7 +38,17 @@ from pathlib import Path
 from typing import Any
 
 from .generated import render
-from .harness import PACKAGE, Workload, environment, fmt, run_rounds, save_results, summarize, versions
+from .harness import (
+    PACKAGE,
+    Workload,
+    environment,
+    fmt,
+    lm_text,
+    run_rounds,
+    save_results,
+    summarize,
+    versions,
+)
 
 WORKLOADS = {
     "launch": Workload(
@@ -41,10 +57,16 @@ WORKLOADS = {
     "compute": Workload(
         input_dim=1024, hidden_dim=8192, depth=4, batch_size=4096, grad_accum_steps=2, num_samples=65536
     ),
+    "gpt2": Workload(
+        task="lm", seq_len=1024, n_layer=12, n_head=12, d_model=768, batch_size=16, grad_accum_steps=2
+    ),
 }
+LM_WINDOWS = 2048  # training windows of the gpt2 workload's text: 64 steps of 32 per epoch
+LM_CONTENDERS = {"reference", "generated", "generated-quiet", "generated-compile"}
 OPTIONAL = {"accelerate": "accelerate", "fabric": "lightning"}
 TARGETS = {"generated": 0.97, "generated-quiet": 1.00}  # x reference, on every workload
 MATMUL_TARGET = 0.6  # compute workload: generated at >= 0.6 of the matmul rate
+MFU_TARGET = 0.40  # gpt2 workload with --compile: llm.c's GPT-2 124M reaches about 40 % on an H100
 
 
 def matmul_tflops(device: str, n: int = 8192, repeats: int = 50) -> float | None:
@@ -76,7 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp32"])
-    p.add_argument("--workloads", default="launch,compute", help=f"any of {', '.join(WORKLOADS)}")
+    p.add_argument("--workloads", default="launch,compute,gpt2", help=f"any of {', '.join(WORKLOADS)}")
+    p.add_argument(
+        "--peak-tflops", type=float, help="one GPU's dense bf16 peak for MFU (default: known GPUs)"
+    )
     p.add_argument("--num-workers", type=int, default=8, help="DataLoader workers (every contender)")
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--timed", type=int, default=100, help="100 holds the default eval + checkpoint")
@@ -95,28 +120,44 @@ def main(argv: list[str] | None = None) -> int:
         if args.tiny:
             w = replace(w, input_dim=32, hidden_dim=64, depth=2, batch_size=8, num_samples=512)
             w = replace(w, warmup=2, timed=5, num_workers=0)
+            w = replace(w, seq_len=32, n_layer=2, n_head=2, d_model=32, batch_size=4)
         workloads[name] = w
     threads = args.threads or (4 if args.device == "cuda" else 1)
     work = Path(tempfile.mkdtemp(prefix="ddp-bench-gpu-"))
     try:
-        project = work / "project"
-        render(project, PACKAGE)
-        env = environment(threads, project)
-        contenders = choose_contenders(args.contenders, env)
+        envs: dict[str, dict[str, str]] = {}  # one rendered project per task
+        for task in sorted({w.task for w in workloads.values()}):
+            project = work / f"project-{task}"
+            render(project, PACKAGE, data={"task": task})
+            envs[task] = environment(threads, project)
+            if task == "lm":
+                text = work / "text.txt"
+                corpus = (project / "src" / PACKAGE / "corpus.txt").read_bytes()
+                seq_len = next(w.seq_len for w in workloads.values() if w.task == "lm")
+                lm_text(corpus, seq_len, LM_WINDOWS, text)
+                for name, w in workloads.items():
+                    if w.task == "lm":
+                        workloads[name] = replace(w, data_path=str(text), token_dir=str(work / "tokens"))
         peak = matmul_tflops(args.device)
         if peak:
             print(f"bf16 8192^3 matmul: {peak:.0f} TFLOP/s (this run's ceiling)", flush=True)
+        datasheet = args.peak_tflops or datasheet_peak(args.device)
         results = {}
         for name, w in workloads.items():
+            env = envs[w.task]
+            contenders = choose_contenders(args.contenders, env)
+            if w.task == "lm":  # Accelerate and Fabric run only the MLP (bench/loops.py)
+                contenders = [c for c in contenders if c in LM_CONTENDERS]
             print(f"\nworkload {name}: {describe(w)}", flush=True)
             runs = run_rounds(contenders, [1], args.repeats, w, env, work, log=lambda m: print(m, flush=True))
-            results[name] = report(name, w, runs, contenders, peak, args.repeats)
+            results[name] = report(name, w, runs, contenders, peak, args.repeats, datasheet)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result = {
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": " ".join(["python -m bench.gpu", *(argv if argv is not None else sys.argv[1:])]),
         "matmul_tflops": peak,
+        "datasheet_peak_tflops": datasheet,
         "threads_per_process": threads,
         "versions": versions(),
         "workloads": results,
@@ -125,6 +166,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nresults: {path}")
     failed = [r for w in results.values() for r in w["runs"] if "error" in r]
     return 1 if failed else 0
+
+
+# Dense bf16 TFLOP/s of one GPU from the data sheets (the generated project's metrics.py has the same).
+DATASHEET = [("H200", 989.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("A100", 312.0)]
+
+
+def datasheet_peak(device: str) -> float | None:
+    if device != "cuda":
+        return None
+    import torch
+
+    name = torch.cuda.get_device_name()
+    return next((peak for known, peak in DATASHEET if known in name), None)
 
 
 def choose_contenders(given: str | None, env: dict[str, str]) -> list[str]:
@@ -142,6 +196,12 @@ def choose_contenders(given: str | None, env: dict[str, str]) -> list[str]:
 
 
 def describe(w: Workload) -> str:
+    if w.task == "lm":
+        return (
+            f"GPT {w.n_layer} blocks x {w.d_model} wide, {w.n_head} heads, context {w.seq_len}"
+            f" ({w.params() / 1e6:.1f} M parameters), batch {w.batch_size} x {w.grad_accum_steps}"
+            f" micro-steps of {w.seq_len} tokens, {w.precision}"
+        )
     return (
         f"MLP {w.input_dim}-{w.hidden_dim}x{w.depth}-{w.num_classes} ({w.params() / 1e6:.1f} M"
         f" parameters), batch {w.batch_size} x {w.grad_accum_steps} micro-steps, {w.precision}"
@@ -149,26 +209,43 @@ def describe(w: Workload) -> str:
 
 
 def report(
-    name: str, w: Workload, runs: list[dict], contenders: list[str], peak: float | None, repeats: int
+    name: str,
+    w: Workload,
+    runs: list[dict],
+    contenders: list[str],
+    peak: float | None,
+    repeats: int,
+    datasheet: float | None = None,
 ) -> dict[str, Any]:
     """Print the workload's table and targets; return its rows for the JSON."""
     summary = summarize(runs, contenders, [1])["1"]
     print(f"\n{name}: W=1, medians of {repeats} interleaved rounds")
-    print(f"{'contender':<20}{'samples/s':>12}{'TFLOP/s':>10}{'x matmul':>10}{'x ref':>8}{'data wait':>11}")
+    lm = w.task == "lm"
+    rate_name = "tokens/s" if lm else "samples/s"
+    header = f"{'contender':<20}{rate_name:>12}{'TFLOP/s':>10}{'x matmul':>10}{'MFU':>7}{'x ref':>8}"
+    print(header + f"{'data wait':>11}")
     rows = {}
     for c in contenders:
         row = summary["contenders"][c]
         rate = row["median_samples_per_sec"]
-        tflops = 6 * w.params() * rate / 1e12 if rate else None
+        tflops = w.flops_per_sample() * rate / 1e12 if rate else None
         of_peak = tflops / peak if tflops and peak else None
+        mfu = tflops / datasheet if tflops and datasheet else None
+        shown = rate * w.seq_len if rate and lm else rate
         key = "self_data_wait_frac_median"
         waits = [r[key] for r in runs if r["contender"] == c and key in r]
         wait = sorted(waits)[len(waits) // 2] if waits else None
-        rows[c] = {**row, "tflops": tflops, "fraction_of_matmul": of_peak, "data_wait_frac": wait}
+        rows[c] = {**row, "tflops": tflops, "fraction_of_matmul": of_peak, "data_wait_frac": wait, "mfu": mfu}
+        if lm:
+            rows[c]["median_tokens_per_sec"] = shown
+            selfs = [r["self_mfu_median"] for r in runs if r["contender"] == c and "self_mfu_median" in r]
+            rows[c]["self_reported_mfu"] = sorted(selfs)[len(selfs) // 2] if selfs else None
         ratio = row["median_ratio_to_reference"]
+        wait_text = fmt(None if wait is None else 100 * wait, ".1f") + "%"
+        mfu_text = fmt(None if mfu is None else 100 * mfu, ".1f") + "%"
         print(
-            f"{c:<20}{fmt(rate, ',.0f'):>12}{fmt(tflops, '.1f'):>10}{fmt(of_peak, '.2f'):>10}"
-            f"{fmt(ratio, '.3f'):>8}{fmt(None if wait is None else 100 * wait, '.1f') + '%':>11}"
+            f"{c:<20}{fmt(shown, ',.0f'):>12}{fmt(tflops, '.1f'):>10}{fmt(of_peak, '.2f'):>10}"
+            f"{mfu_text:>7}{fmt(ratio, '.3f'):>8}{wait_text:>11}"
         )
     for c, target in TARGETS.items():
         ratio = rows.get(c, {}).get("median_ratio_to_reference")
@@ -177,6 +254,10 @@ def report(
     parts = [summary.get(f"inrun_overhead_pct_{group}") for group in ("log_ckpt", "eval")]
     if None not in parts:
         print(f"logging + evaluation + checkpointing in the generated run: {sum(parts):.1f}% of step time")
+    mfu = rows.get("generated-compile", rows.get("generated", {})).get("mfu")
+    if lm and mfu is not None:
+        which = "generated-compile" if "generated-compile" in rows else "generated"
+        print(f"target {which} MFU >= {MFU_TARGET:.0%}: {mfu:.1%} {verdict(mfu >= MFU_TARGET)}")
     frac = rows.get("generated", {}).get("fraction_of_matmul")
     if name == "compute" and frac is not None:
         ok = verdict(frac >= MATMUL_TARGET)

@@ -32,6 +32,7 @@ PACKAGE = "benchproj"  # the package name of the rendered project
 
 @dataclass
 class Workload:
+    task: str = "classifier"  # or "lm": the project's language model (the fields below)
     input_dim: int = 256
     hidden_dim: int = 1024
     depth: int = 3
@@ -45,23 +46,56 @@ class Workload:
     device: str = "cpu"
     precision: str = "fp32"
     num_workers: int = 0
+    # The lm task: a GPT of n_layer blocks on windows of seq_len bytes of the text at data_path
+    # (batch_size counts windows). The token dir is the generated trainer's cache.
+    seq_len: int = 64
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 128
+    data_path: str = ""
+    token_dir: str = ""
 
     @property
     def max_steps(self) -> int:
         return self.warmup + self.timed + 1  # the last step (final eval + checkpoint) is untimed
 
     def params(self) -> int:
-        """Parameters of the MLP: depth hidden Linear layers and the output layer."""
+        """Parameters of the MLP (depth hidden Linear layers and the output layer), or the GPT."""
+        if self.task == "lm":  # per block 12 d^2 + 13 d; embeddings (tied head); final norm
+            d = self.d_model
+            return self.n_layer * (12 * d * d + 13 * d) + (256 + self.seq_len) * d + 2 * d
         dims = [self.input_dim] + [self.hidden_dim] * self.depth + [self.num_classes]
         return sum(a * b + b for a, b in zip(dims, dims[1:], strict=False))
 
-    def common_flags(self) -> list[str]:
+    def flops_per_sample(self) -> float:
+        """Training FLOPs per sample: 6 N for the MLP; for the GPT, per token 6 N (position
+        embedding excluded) + 12 n_layer d_model seq_len, as the generated model counts them."""
+        if self.task != "lm":
+            return 6 * self.params()
+        n = self.params() - self.seq_len * self.d_model
+        return (6 * n + 12 * self.n_layer * self.d_model * self.seq_len) * self.seq_len
+
+    def task_flags(self) -> list[str]:
+        """The flags that shape the data and the model, common to every contender."""
+        if self.task == "lm":
+            return [
+                f"--data-path={self.data_path}",
+                f"--seq-len={self.seq_len}",
+                f"--n-layer={self.n_layer}",
+                f"--n-head={self.n_head}",
+                f"--d-model={self.d_model}",
+            ]
         return [
             f"--num-samples={self.num_samples}",
             f"--input-dim={self.input_dim}",
             f"--hidden-dim={self.hidden_dim}",
             f"--depth={self.depth}",
             f"--num-classes={self.num_classes}",
+        ]
+
+    def common_flags(self) -> list[str]:
+        return [
+            *self.task_flags(),
             f"--batch-size={self.batch_size}",
             f"--grad-accum-steps={self.grad_accum_steps}",
             f"--max-steps={self.max_steps}",
@@ -70,6 +104,16 @@ class Workload:
             f"--precision={self.precision}",
             f"--num-workers={self.num_workers}",
         ]
+
+
+def lm_text(corpus: bytes, seq_len: int, windows: int, path: Path) -> None:
+    """Write `corpus` repeated, cut to the length that gives exactly `windows` training windows
+    of seq_len + 1 bytes once the trainer holds out its last 10 % (--val-fraction 0.1), so that
+    an epoch splits into full optimizer steps when windows divides by the global batch."""
+    length = int((windows * seq_len + 1) / 0.9) + 1
+    while (int(length * 0.9) - 1) // seq_len != windows:
+        length += 1
+    path.write_bytes((corpus * (length // len(corpus) + 1))[:length])
 
 
 def torchrun(world_size: int, module: str, args: list[str]) -> list[str]:
@@ -81,11 +125,14 @@ def command(contender: str, world_size: int, w: Workload, out_dir: Path) -> list
     """The launch command of one contender run."""
     if not contender.startswith("generated"):
         timing = [f"--warmup={w.warmup}", f"--timed={w.timed}"]
-        return torchrun(world_size, "bench.loops", [f"--contender={contender}", *w.common_flags(), *timing])
+        module = "bench.lm_loop" if w.task == "lm" else "bench.loops"
+        return torchrun(world_size, module, [f"--contender={contender}", *w.common_flags(), *timing])
     base, *patch_names = contender.split("+")  # e.g. generated-quiet+fused_adamw: a what-if
     # The trainer saves every 1000 steps or 30 minutes by default; the bench saves once in its
     # 100-step window (a harsher case), so the window holds a checkpoint as well as an eval.
     trainer = [*w.common_flags(), "--resume=never", "--ckpt-every=100"]
+    if w.task == "lm":
+        trainer += [f"--token-dir={w.token_dir}"]
     if base == "generated-quiet":  # nothing inside the window: only the (untimed) last step
         trainer += ["--log-every=1000000000", "--ckpt-every=0", "--eval-every=0"]
         trainer += ["--ckpt-every-minutes=0"]

@@ -49,6 +49,26 @@ def test_bench_quick_reports_every_installed_contender(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_bench_lm_workload_compares_the_generated_gpt_with_the_hand_written_loop(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    cmd = [
+        sys.executable, "-m", "bench", "--workload", "lm", "--quick", "--tiny", "--repeats", "1",
+        "--warmup", "1", "--timed", "3", "--world-sizes", "2", "--no-startup", "--no-data-wait",
+        "--json", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    expected = {"reference", "generated", "generated-noeval", "generated-quiet", "allreduce"}
+    assert result["workload"]["task"] == "lm" and set(result["contenders"]) == expected
+    for contender in expected:
+        rate = result["summary"]["2"]["contenders"][contender]["median_samples_per_sec"]
+        assert rate is not None and math.isfinite(rate) and rate > 0, (contender, rate)
+    assert all(r["global_batch"] == 8 * 4 * 2 for r in result["runs"])  # windows per step
+
+
+@pytest.mark.slow
 def test_gpu_bench_script_runs_on_cpu(tmp_path: Path) -> None:
     """bench/gpu.sh's Python side, at tiny sizes on CPU: every workload reports every contender."""
     out = tmp_path / "gpu.json"
@@ -60,7 +80,7 @@ def test_gpu_bench_script_runs_on_cpu(tmp_path: Path) -> None:
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert set(result["workloads"]) == {"launch", "compute"}
+    assert set(result["workloads"]) == {"launch", "compute", "gpt2"}
     for workload in result["workloads"].values():
         for contender in ("reference", "generated", "generated-quiet"):
             rate = workload["rows"][contender]["median_samples_per_sec"]

@@ -50,13 +50,14 @@ def test_torchrun_two_processes(project: Path, tmp_path: Path) -> None:
 
 # The generated suite for answers that together take every value class the questions offer:
 # each precision, accumulation 1 and more (the suite's own tests must not assume 1 or 2), both
-# loggers, all launchers, none, and one alone.
+# loggers, all launchers, none, and one alone; and the language-model task.
 SUITE_MATRIX = {
     "bf16-accum1-all-launchers": dict(precision="bf16"),
     "fp16-accum3-tensorboard-no-launchers": dict(
         precision="fp16", grad_accum_steps=3, logger="tensorboard", launchers=[]
     ),
     "fp32-accum2-slurm-only": dict(precision="fp32", grad_accum_steps=2, launchers=["slurm"]),
+    "lm-bf16-accum2-local": dict(task="lm", precision="bf16", grad_accum_steps=2, launchers=["local"]),
 }
 
 

@@ -22,6 +22,25 @@ COMBINATIONS = {
     ),
     "proprietary-slurm-only": dict(license="Proprietary", launchers=["slurm"], package_name="custom_pkg"),
     "no-launchers": dict(launchers=[], logger="tensorboard", precision="fp32"),
+    "lm-fp16-local-tb": dict(
+        task="lm", precision="fp16", launchers=["local"], logger="tensorboard", grad_accum_steps=3,
+    ),
+    "lm-fp32-cluster": dict(
+        task="lm", precision="fp32", launchers=["multinode", "slurm"], grad_accum_steps=2,
+    ),
+    "lm-bf16-no-launchers-no-ci": dict(task="lm", launchers=[], include_ci=False, package_name="gpt_pkg"),
+}  # fmt: skip
+
+# Files and words of one task that must not appear in a project of the other.
+TASK_ONLY = {
+    "lm": (
+        ["sample.py", "corpus.txt"],
+        re.compile(r"cfg\.(n_layer|seq_len|d_model)|--(n-layer|seq-len|d-model)|GPT|perplexity|tokens_per_sec|\bmfu\b"),
+    ),
+    "classifier": (
+        [],
+        re.compile(r"cfg\.(num_samples|input_dim|hidden_dim|num_classes)|--(num-samples|input-dim|hidden-dim)|synthetic"),
+    ),
 }  # fmt: skip
 
 UNRENDERED = re.compile(r"(?<!\$)\{\{|\{%|%\}")  # GitHub's ${{ expr }} is not Jinja
@@ -51,6 +70,21 @@ def test_expected_files(project: Path) -> None:
     assert (project / "LICENSE").is_file() == (answers["license"] != "Proprietary")
     if answers["license"] != "Proprietary":
         assert answers["author_name"] in (project / "LICENSE").read_text()
+
+
+def test_a_project_holds_nothing_of_the_other_task(project: Path) -> None:
+    answers = answers_of(project)
+    package = project / "src" / answers["package_name"]
+    assert (package / "loading.py").is_file()  # the task-independent part
+    other = "classifier" if answers["task"] == "lm" else "lm"
+    names, words = TASK_ONLY[other]
+    for name in names:
+        assert not (package / name).exists(), name
+    for name in TASK_ONLY[answers["task"]][0]:
+        assert (package / name).is_file(), name
+    for path in [*package.rglob("*.py"), *project.glob("tests/*.py"), *project.glob("configs/*")]:
+        found = words.search(path.read_text(encoding="utf-8"))
+        assert found is None, f"{path}: {found.group()}"
 
 
 def test_no_unrendered_jinja(project: Path) -> None:

@@ -3,7 +3,7 @@
 SIGTERM is how SLURM, Kubernetes and torchrun ask a job to stop; Ctrl-C is how a person does.
 Both only set a flag here: saving inside a signal handler could interrupt a collective, and
 ranks would save at different steps. The loop agrees on the flag over all ranks
-(dist.AnyRankLater) and stops at a step boundary, where rank 0 saves the step. Ctrl-C exits
+(dist.AgreeLater) and stops at a step boundary, where rank 0 saves the step. Ctrl-C exits
 130 (128 + SIGINT), everything else 143 (128 + SIGTERM).
 
 A second Ctrl-C means "now": it raises Interrupted wherever the process is, and the run exits

@@ -1,62 +1,25 @@
-"""The synthetic classification task, and how each rank reads its share of it.
+"""How each rank reads its share of a dataset: the same for every task.
 
-To train on your own data, replace `build_datasets` with one returning your training and
-validation datasets (anything with __len__ and __getitem__ giving (input, label)); the sampling
-below works for any map-style dataset. Data held in memory reads a whole micro-batch with one
-indexing operation per tensor (InMemoryDataset): per-sample __getitem__ calls and a collate of
-B small tensors made the data loader, not the GPU, the bottleneck.
+Training: ResumableSampler deals each epoch's shuffled samples out to the ranks (disjoint
+shards, no padding) and can start part way through an epoch, which exact resume needs.
+Evaluation: every rank reads an unpadded shard in order (eval_shard), so no sample is counted
+twice. A dataset may return a whole micro-batch at once from `__getitems__(indices)` as a
+Batch: one gather instead of B per-sample reads and a collate of B small tensors, which made
+the data loader, not the GPU, the bottleneck.
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import (
-    DataLoader,
-    Dataset,
-    DistributedSampler,
-    Subset,
-    TensorDataset,
-    default_collate,
-)
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, default_collate
 
 from .config import TrainConfig
 from .dist import DistEnv
 
 
-def build_datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
-    """Inputs from a normal distribution, labels from a fixed random 'teacher' network.
-
-    Everything comes from --seed through private generators, so every rank builds the same
-    data whatever the world size, and changing --num-samples does not change the teacher.
-    """
-    teacher = torch.Generator().manual_seed(cfg.seed)
-    w1 = torch.randn(cfg.input_dim, 64, generator=teacher) / cfg.input_dim**0.5
-    w2 = torch.randn(64, cfg.num_classes, generator=teacher) / 8.0
-
-    def make(num: int, seed: int) -> InMemoryDataset:
-        inputs = torch.randn(num, cfg.input_dim, generator=torch.Generator().manual_seed(seed))
-        labels = (torch.tanh(inputs @ w1) @ w2).argmax(dim=1)
-        return InMemoryDataset(inputs, labels)
-
-    return make(cfg.num_samples, cfg.seed + 1), make(cfg.val_samples, cfg.seed + 2)
-
-
 class Batch(tuple):
     """Tensors that are already a batch: `collate` passes them through."""
-
-
-class InMemoryDataset(TensorDataset):
-    """A TensorDataset that gathers a whole batch at once.
-
-    DataLoader calls `__getitems__(indices)` (when a dataset has it) instead of one __getitem__
-    per sample; indexing each tensor with the batch's indices is one copy, and the result is
-    bitwise the rows that per-sample reads would have stacked.
-    """
-
-    def __getitems__(self, indices: Sequence[int]) -> Batch:
-        index = torch.as_tensor(indices, dtype=torch.long)
-        return Batch(tensor[index] for tensor in self.tensors)
 
 
 def collate(samples: Any) -> Any:
