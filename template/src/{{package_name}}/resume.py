@@ -43,6 +43,7 @@ from .model import build_model
 # Settings that do not change what is computed, only where and how often it is written.
 RUN_ONLY = {"out_dir", "resume", "init_from", "ckpt_every", "keep_last", "log_every"}
 RUN_ONLY |= {"eval_every", "num_workers", "device", "dist_timeout", "detect_anomaly"}
+RUN_ONLY |= {"profile"}
 BATCH_LAYOUT = {"batch_size", "grad_accum_steps", "global_batch_size"}
 MAY_CHANGE = RUN_ONLY | BATCH_LAYOUT | {"max_steps"}  # on resume; see optim.reschedule
 REQUIRED = {"model", "optimizer", "scheduler", "scaler", "step", "epoch", "position", "rng"}
