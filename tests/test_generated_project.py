@@ -49,14 +49,17 @@ def test_torchrun_two_processes(project: Path, tmp_path: Path) -> None:
 
 
 # The generated suite for answers that together take every value class the questions offer:
-# each precision, accumulation 1 and more (the suite's own tests must not assume 1 or 2), both
-# loggers, all launchers, none, and one alone.
+# each precision, accumulation 1 and more (the suite's own tests must not assume 1 or 2), the
+# loggers (tensorboard, wandb, mlflow; none in the quickstart tests), all launchers, none, and one
+# alone. The tools of every project (doctor, check_sync, plot, --profile) run in each row.
 SUITE_MATRIX = {
-    "bf16-accum1-all-launchers": dict(precision="bf16"),
+    "bf16-accum1-all-launchers-wandb": dict(precision="bf16", logger="wandb"),
     "fp16-accum3-tensorboard-no-launchers": dict(
         precision="fp16", grad_accum_steps=3, logger="tensorboard", launchers=[]
     ),
-    "fp32-accum2-slurm-only": dict(precision="fp32", grad_accum_steps=2, launchers=["slurm"]),
+    "fp32-accum2-slurm-only-mlflow": dict(
+        precision="fp32", grad_accum_steps=2, launchers=["slurm"], logger="mlflow"
+    ),
 }
 
 

@@ -90,7 +90,7 @@ def summary(prof: profile, device: torch.device, steps: int, directory: Path) ->
     for event in sorted(events, key=self_time, reverse=True)[:TOP]:
         lines.append(
             f"{event.key[:52]:<52} {self_time(event) / 1e3 / steps:>17.3f}"
-            f" {self_time(event) / total:>7.1%} {event.count / steps:>11.1f}"
+            f" {100 * self_time(event) / total:>6.1f}% {event.count / steps:>11.1f}"
         )
     if on_gpu:
         syncs = {e.key: e.count for e in events if e.key in SYNC_EVENTS}
