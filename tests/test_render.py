@@ -17,10 +17,13 @@ COMBINATIONS = {
         precision="fp16", license="Apache-2.0", python_version="3.12", launchers=["local"],
         logger="tensorboard", include_ci=False, grad_accum_steps=3,
     ),
-    "fp32-bsd-313-cluster": dict(
+    "fp32-bsd-313-cluster-wandb": dict(
         precision="fp32", license="BSD-3-Clause", python_version="3.13", launchers=["multinode", "slurm"],
+        logger="wandb",
     ),
-    "proprietary-slurm-only": dict(license="Proprietary", launchers=["slurm"], package_name="custom_pkg"),
+    "proprietary-slurm-only-mlflow": dict(
+        license="Proprietary", launchers=["slurm"], package_name="custom_pkg", logger="mlflow",
+    ),
     "no-launchers": dict(launchers=[], logger="tensorboard", precision="fp32"),
     "lm-fp16-local-tb": dict(
         task="lm", precision="fp16", launchers=["local"], logger="tensorboard", grad_accum_steps=3,
@@ -103,6 +106,12 @@ def test_answers_reach_the_code(project: Path) -> None:
     pyproject = (project / "pyproject.toml").read_text()
     assert f'requires-python = ">={answers["python_version"]}"' in pyproject
     assert ("tensorboard" in pyproject) == (answers["logger"] == "tensorboard")
+    # wandb and mlflow are optional extras of their own, with a tracking module and its tests.
+    for logger, package in (("wandb", "wandb>="), ("mlflow", "mlflow-skinny>=")):
+        assert (f"{logger} = [" in pyproject and package in pyproject) == (answers["logger"] == logger)
+    tracking = project / "src" / answers["package_name"] / "tracking.py"
+    assert tracking.is_file() == (answers["logger"] in ("wandb", "mlflow"))
+    assert (project / "tests" / "test_tracking.py").is_file() == tracking.is_file()
 
 
 def test_ruff_check_and_format(project: Path) -> None:
