@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from . import dist, optim
-from .checkpoint import Start, list_checkpoints, load, step_of
+from .checkpoint import Start, list_checkpoints, load, step_of, weights
 from .config import ConfigError, TrainConfig, flag
 from .model import build_model
 
@@ -47,6 +47,8 @@ BATCH_LAYOUT = {"batch_size", "grad_accum_steps", "global_batch_size"}
 MAY_CHANGE = RUN_ONLY | BATCH_LAYOUT | {"max_steps"}  # on resume; see optim.reschedule
 REQUIRED = {"model", "optimizer", "scheduler", "scaler", "step", "epoch", "position", "rng"}
 REQUIRED |= {"config", "world_size"}
+# Settings added after the first checkpoints were written: their value in those checkpoints.
+ADDED = {"strategy": "ddp", "comm_hook": "none"}
 
 
 def find_start(cfg: TrainConfig, world_size: int, device: torch.device) -> Start:
@@ -105,7 +107,7 @@ def find_weights(cfg: TrainConfig, device: torch.device) -> dict[str, torch.Tens
         f"starting from the weights of {candidate} (its step {state.get('step', '?')}):"
         " a new run at step 0, with a fresh optimizer, LR schedule and data order"
     )
-    return state["model"]
+    return weights(state)  # a sharded checkpoint (FSDP) is read whole here
 
 
 def first_readable(
@@ -164,7 +166,7 @@ def check_structure(state: Any, required: set[str]) -> None:
 
 def check_compatible(state: dict[str, Any], cfg: TrainConfig, world_size: int, path: Path) -> None:
     """Refuse to resume with settings that change the model or the optimisation."""
-    saved, now = state["config"], asdict(cfg)
+    saved, now = ADDED | state["config"], asdict(cfg)
     differences = [
         f"{flag(name)} {saved.get(name)!r} in the checkpoint, {now[name]!r} now"
         for name in now
