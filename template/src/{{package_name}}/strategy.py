@@ -22,6 +22,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
+import torch.distributed as torch_dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -41,13 +42,33 @@ POWERSGD_RANK = 2
 POWERSGD_START = 10
 
 
-def wrap(model: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.Module:
-    """The model ready for data-parallel training, per --strategy and --comm-hook."""
+def wrap(
+    model: nn.Module, cfg: TrainConfig, device: torch.device, example: torch.Tensor
+) -> nn.Module:
+    """The model ready for data-parallel training, per --strategy and --comm-hook.
+
+    `example` is one input sample (without the batch dimension).
+    """
     if cfg.strategy == "fsdp":
         return shard(model, cfg.precision)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if cfg.comm_hook == "powersgd":
+        settle_buckets(ddp, example.to(device))
     register_comm_hook(ddp, cfg.comm_hook, device)
     return ddp
+
+
+def settle_buckets(model: DDP, example: torch.Tensor) -> None:
+    """Let DDP rebuild its gradient buckets now, before any real step.
+
+    DDP's first backward fills its buckets in parameter order, then it rebuilds them in the
+    order gradients became ready (about the reverse). PowerSGD keeps its error feedback and Q
+    per bucket, as flat tensors: a resumed process, in its first step, would apply them to a
+    bucket laid out the other way. One backward of an empty batch (all-zero gradients, thrown
+    away) makes every process, fresh or resumed, train with the rebuilt buckets from step 1.
+    """
+    model(example[None][:0]).sum().backward()
+    model.zero_grad(set_to_none=True)
 
 
 def shard(model: nn.Module, precision: str) -> nn.Module:
@@ -102,7 +123,9 @@ def bf16_hook(device: torch.device) -> Any:
     if device.type == "cuda":
         return default_hooks.bf16_compress_hook
 
-    def bf16_compress(process_group: Any, bucket: Any) -> torch.futures.Future:
+    def bf16_compress(
+        process_group: torch_dist.ProcessGroup, bucket: torch_dist.GradBucket
+    ) -> torch.futures.Future[torch.Tensor]:
         return default_hooks.bf16_compress_hook(process_group, bucket)
 
     return bf16_compress
