@@ -201,14 +201,21 @@ def test_an_incomplete_sharded_checkpoint_is_never_resumed(fsdp_run: Path, tmp_p
     ],
 )
 def test_fsdp_mixed_precision_trains_like_ddp(tmp_path: Path, precision: str) -> None:
-    # FSDP all-gathers the parameters in --precision and reduces gradients in fp32; DDP casts
-    # fp32 parameters op by op under autocast. Both round the same weights to the same 16-bit
-    # values, so the losses agree to 16-bit precision (2^-8 relative for bf16) over 10 steps.
+    # FSDP all-gathers the parameters cast to --precision and reduces gradients in fp32; DDP
+    # keeps fp32 parameters and autocast casts them op by op. Both round the same fp32 weights to
+    # the same 16-bit values and run the same 16-bit matmuls, and both turn the 16-bit gradients
+    # into fp32 before averaging: the same arithmetic in another place (measured: bitwise equal).
     args = [*LAYOUT, "--max-steps=10", f"--precision={precision}"]
     launch(tmp_path / "ddp", *args, "--strategy=ddp", nproc=2)
     launch(tmp_path / "fsdp", *args, "--strategy=fsdp", nproc=2)
     ddp_losses = [r["loss"] for r in read_metrics(tmp_path / "ddp")]
     fsdp_losses = [r["loss"] for r in read_metrics(tmp_path / "fsdp")]
-    print(f"{precision}: ddp {ddp_losses[-1]:.6f}, fsdp {fsdp_losses[-1]:.6f}")
-    assert fsdp_losses == pytest.approx(ddp_losses, rel=2**-6)
+    worst = max(abs(f - d) / d for f, d in zip(fsdp_losses, ddp_losses, strict=True))
+    print(f"{precision}: fsdp vs ddp losses, max relative difference {worst:.2e}")
+    assert fsdp_losses == pytest.approx(ddp_losses, rel=1e-6)
+    final = step_file(10)
+    assert (
+        max_difference(load_model(tmp_path / "ddp" / final), load_model(tmp_path / "fsdp" / final))
+        < TOLERANCE
+    )
     assert fsdp_losses[-1] < fsdp_losses[0]  # it learns
