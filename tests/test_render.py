@@ -22,6 +22,7 @@ COMBINATIONS = {
     ),
     "proprietary-slurm-only": dict(license="Proprietary", launchers=["slurm"], package_name="custom_pkg"),
     "no-launchers": dict(launchers=[], logger="tensorboard", precision="fp32"),
+    "fsdp-fp16-accum2": dict(strategy="fsdp", precision="fp16", grad_accum_steps=2, launchers=["local"]),
 }  # fmt: skip
 
 UNRENDERED = re.compile(r"(?<!\$)\{\{|\{%|%\}")  # GitHub's ${{ expr }} is not Jinja
@@ -36,7 +37,8 @@ def project(request: pytest.FixtureRequest, template_dir: Path, tmp_path_factory
 def test_expected_files(project: Path) -> None:
     answers = answers_of(project)
     package = project / "src" / answers["package_name"]
-    for name in ("config.py", "dist.py", "data.py", "model.py", "checkpoint.py", "train.py"):
+    for name in ("config.py", "dist.py", "data.py", "model.py", "checkpoint.py", "train.py",
+                 "strategy.py", "sharded.py"):
         assert (package / name).is_file(), name
     for name in ("README.md", "pyproject.toml", ".copier-answers.yml", "tests"):
         assert (project / name).exists(), name
@@ -65,6 +67,7 @@ def test_answers_reach_the_code(project: Path) -> None:
     answers = answers_of(project)
     config = (project / "src" / answers["package_name"] / "config.py").read_text()
     assert f'"{answers["precision"]}"' in config
+    assert f'strategy: str = option("{answers["strategy"]}"' in config
     assert re.search(rf"grad_accum_steps: int = (option\()?{answers['grad_accum_steps']}\b", config)
     pyproject = (project / "pyproject.toml").read_text()
     assert f'requires-python = ">={answers["python_version"]}"' in pyproject
