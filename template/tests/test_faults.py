@@ -23,6 +23,7 @@ from helpers import (
     STEP_10,
     TINY,
     TOLERANCE,
+    checkpoint_files,
     cpu_fp16_autocast_works,
     launch,
     launch_command,
@@ -153,7 +154,7 @@ def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path: Path) -> None:
     wait_for_steps(tmp_path, 3, process)
     process.send_signal(signal.SIGINT)
     deadline = time.monotonic() + 60
-    while not list((tmp_path / "checkpoints").glob("*.tmp")):  # the save has begun
+    while not list((tmp_path / "checkpoints").glob("*.pt.tmp")):  # the save has begun
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
         time.sleep(0.05)
     process.send_signal(signal.SIGINT)
@@ -167,7 +168,7 @@ def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path: Path) -> None:
         "fault: rank 0 exits 130",
     ], output
     assert "Traceback" not in output
-    assert list((tmp_path / "checkpoints").iterdir()) == []  # no checkpoint, no partial file
+    assert checkpoint_files(tmp_path / "checkpoints") == []  # no checkpoint, no partial file
     assert not (tmp_path / "run.lock").exists()
 
 
@@ -188,7 +189,7 @@ def test_kill_during_a_save_keeps_the_previous_checkpoint(
     run = tmp_path / "run"
     status, output, _ = run_fault(run, "sigkill-in-save", 0, 10, *REFERENCE, nproc=1)
     assert status == -9, output
-    checkpoints = sorted(path.name for path in (run / "checkpoints").iterdir())
+    checkpoints = checkpoint_files(run / "checkpoints")
     assert checkpoints == ["step_00000005.pt", "step_00000010.pt.tmp"]  # no partial step_10.pt
     # Rerunning ignores the temporary file, resumes from step 5, and the save of step 10
     # removes it; the result is that of an uninterrupted run.

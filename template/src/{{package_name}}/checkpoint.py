@@ -136,6 +136,7 @@ def save(
             _write_atomic(state, path)
         except OSError as err:  # no space left, a quota, permissions, a lost mount
             problem = save_problem(err, state["step"], path)
+            _remove(sharded.shard_dir(path))  # FSDP: shards that no .pt will complete
         else:
             # Delete old checkpoints only now that the new one is safely on disk, and never the
             # new one: keep it and the newest keep_last - 1 before it. Later steps are left

@@ -46,7 +46,12 @@ def save(model: nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None
     dist.barrier()
     # FQN-keyed state dicts ("net.0.weight"), the same whatever the wrapping and world size.
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
+    try:
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
+    except BaseException:  # a full disk, or a second Ctrl-C: leave no partial directory behind
+        if dist.is_main():
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     dist.barrier()  # every rank's shards are on disk
     if dist.is_main():
         shutil.rmtree(final, ignore_errors=True)  # a save of this step whose .pt never came
