@@ -37,8 +37,8 @@ def project(request: pytest.FixtureRequest, template_dir: Path, tmp_path_factory
 def test_expected_files(project: Path) -> None:
     answers = answers_of(project)
     package = project / "src" / answers["package_name"]
-    for name in ("config.py", "dist.py", "data.py", "model.py", "checkpoint.py", "train.py",
-                 "strategy.py", "sharded.py"):
+    modules = ("config", "dist", "data", "model", "checkpoint", "train", "strategy", "sharded")
+    for name in (f"{module}.py" for module in modules):
         assert (package / name).is_file(), name
     for name in ("README.md", "pyproject.toml", ".copier-answers.yml", "tests"):
         assert (project / name).exists(), name
