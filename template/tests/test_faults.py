@@ -21,6 +21,7 @@ from helpers import (
     REFERENCE,
     STEP_5,
     STEP_10,
+    STRATEGY,
     TINY,
     TOLERANCE,
     checkpoint_files,
@@ -232,7 +233,8 @@ def test_resume_with_another_global_batch_is_refused(
 
 @pytest.mark.skipif(not cpu_fp16_autocast_works(), reason="this torch has no CPU fp16 autocast")
 def test_fp16_overflow_on_one_rank_is_skipped_and_counted(tmp_path: Path) -> None:
-    # An infinite gradient on rank 1 at step 3 reaches both ranks through the all-reduce;
+    # An infinite gradient on rank 1 at step 3 reaches both ranks through the all-reduce
+    # (FSDP: the GradScaler's check of the sharded gradients is itself reduced over the ranks);
     # both GradScalers skip that update, and training goes on.
     args = ["--precision=fp16", "--max-steps=6", "--grad-clip=0"]
     status, output, _ = run_fault(tmp_path, "inf-grad", 1, 3, *args)
@@ -241,8 +243,9 @@ def test_fp16_overflow_on_one_rank_is_skipped_and_counted(tmp_path: Path) -> Non
     assert records[3]["skipped_steps"] == records[2]["skipped_steps"] + 1
     assert records[3]["grad_norm"] is None
     assert records[6]["skipped_steps"] == records[3]["skipped_steps"]
-    fingerprints = records[6]["param_fingerprints"]
-    assert fingerprints[0] == fingerprints[1]
+    if STRATEGY == "ddp":  # FSDP has no replicas
+        fingerprints = records[6]["param_fingerprints"]
+        assert fingerprints[0] == fingerprints[1]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
