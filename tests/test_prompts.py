@@ -48,6 +48,7 @@ def test_questions_answered_at_the_terminal(tmp_path: Path) -> None:
     answer(child, "precision", "fp8")
     child.expect_exact("precision: 'fp8' is not one of: bf16, fp16, fp32")
     answer(child, "precision", "fp32")
+    answer(child, "strategy", "fsdp")
     answer(child, "grad_accum_steps", "two")
     child.expect_exact("grad_accum_steps: expected an integer, got 'two'")
     answer(child, "grad_accum_steps", "0")
@@ -66,6 +67,7 @@ def test_questions_answered_at_the_terminal(tmp_path: Path) -> None:
         "Apache-2.0",
     )
     assert answers["launchers"] == ["local", "slurm"] and answers["include_ci"] is False
+    assert answers["strategy"] == "fsdp"
     assert not (tmp_path / "proj" / ".github").exists()
 
 

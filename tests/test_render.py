@@ -32,6 +32,8 @@ COMBINATIONS = {
         task="lm", precision="fp32", launchers=["multinode", "slurm"], grad_accum_steps=2,
     ),
     "lm-bf16-no-launchers-no-ci": dict(task="lm", launchers=[], include_ci=False, package_name="gpt_pkg"),
+    "fsdp-fp16-accum2": dict(strategy="fsdp", precision="fp16", grad_accum_steps=2, launchers=["local"]),
+    "lm-fsdp-bf16": dict(task="lm", strategy="fsdp", precision="bf16", launchers=[], logger="tensorboard"),
 }  # fmt: skip
 
 # Files and words of one task that must not appear in a project of the other.
@@ -58,7 +60,8 @@ def project(request: pytest.FixtureRequest, template_dir: Path, tmp_path_factory
 def test_expected_files(project: Path) -> None:
     answers = answers_of(project)
     package = project / "src" / answers["package_name"]
-    for name in ("config.py", "dist.py", "data.py", "model.py", "checkpoint.py", "train.py"):
+    modules = ("config", "dist", "data", "model", "checkpoint", "train", "strategy", "sharded")
+    for name in (f"{module}.py" for module in modules):
         assert (package / name).is_file(), name
     for name in ("README.md", "pyproject.toml", ".copier-answers.yml", "tests"):
         assert (project / name).exists(), name
@@ -102,6 +105,7 @@ def test_answers_reach_the_code(project: Path) -> None:
     answers = answers_of(project)
     config = (project / "src" / answers["package_name"] / "config.py").read_text()
     assert f'"{answers["precision"]}"' in config
+    assert f'strategy: str = option("{answers["strategy"]}"' in config
     assert re.search(rf"grad_accum_steps: int = (option\()?{answers['grad_accum_steps']}\b", config)
     pyproject = (project / "pyproject.toml").read_text()
     assert f'requires-python = ">={answers["python_version"]}"' in pyproject

@@ -4,6 +4,8 @@
 DDP's `module.` prefix), optimizer, LR scheduler, GradScaler, the data position (epoch and
 samples consumed in it), the RNG states of every rank, the config, world size and versions.
 Only plain types and tensors go in, so it loads with `torch.load(..., weights_only=True)`.
+Under --strategy fsdp the model and optimizer go into a directory of shards next to it,
+step_N.dcp/, which the .pt file completes (sharded.py).
 Which checkpoint a run starts from (--resume, --init-from) is decided in resume.py.
 
 Saving does not stall training (Checkpointer): the state is copied off the device (to pinned
@@ -21,6 +23,7 @@ with one line saying which checkpoint is left (SaveError).
 import os
 import platform
 import random
+import shutil
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -30,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import dist, optim
+from . import dist, optim, sharded, strategy
 from .config import TrainConfig
 
 
@@ -71,8 +74,12 @@ def list_checkpoints(directory: Path) -> list[Path]:
 
 
 def stray_temp_files(directory: Path) -> list[Path]:
-    """Temporary files of saves that never finished; never read, removed by the next save."""
-    return sorted(directory.glob("step_*.pt.tmp"))
+    """Temporary files of saves that never finished; never read, removed by the next save.
+
+    Also shard directories (FSDP) whose .pt file was never written, or was deleted.
+    """
+    orphans = [d for d in directory.glob("step_*.dcp") if not d.with_suffix(".pt").exists()]
+    return sorted([*directory.glob("step_*.pt.tmp"), *directory.glob("step_*.dcp.tmp"), *orphans])
 
 
 def build_state(
@@ -84,11 +91,20 @@ def build_state(
     cfg: TrainConfig,
     device: torch.device,
 ) -> dict[str, Any]:
-    """Everything an exact resume needs. A collective: every rank must call it."""
+    """Everything an exact resume needs. A collective: every rank must call it.
+
+    `model` as trained (DDP, FSDP or plain). Under FSDP, model and optimizer are left out here:
+    save() writes them as shards.
+    """
     rng = dist.all_gather_object(_rng_state(device))  # one entry per rank
+    is_sharded = strategy.is_sharded(model)
     return {
-        "model": model.state_dict(),  # the unwrapped module: no `module.` prefix
-        "optimizer": optimizer.state_dict(),
+        # The unwrapped module: no `module.` prefix.
+        "model": {} if is_sharded else strategy.unwrap(model).state_dict(),
+        "optimizer": {} if is_sharded else optimizer.state_dict(),
+        "sharded": is_sharded,
+        # PowerSGD's error feedback and Q, per rank (--comm-hook; None for the others).
+        "comm_hook": dist.all_gather_object(strategy.comm_hook_state(model)),
         "scheduler": scheduler.state_dict(),
         "scaler": scaler.state_dict(),
         **asdict(progress),
@@ -123,13 +139,33 @@ class Checkpointer:
         """1 if `minutes` (> 0) have passed since the last save on this rank's clock."""
         return int(minutes > 0 and time.monotonic() - self._last_save >= minutes * 60)
 
-    def save(self, state: dict[str, Any]) -> float:
-        """Start saving `state`; returns the seconds training stalled for it."""
+    def save(
+        self,
+        state: dict[str, Any],
+        model: nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> float:
+        """Start saving `state`; returns the seconds training stalled for it.
+
+        A sharded state (FSDP) needs the model and optimizer: every rank writes its shards
+        first, together (torch.distributed.checkpoint); the .pt file that completes the
+        checkpoint is then written in the background like any other.
+        """
         started = time.perf_counter()
         self._last_save = time.monotonic()
         self.wait()  # one save in flight at most; raises SaveError if the last one failed
+        path = checkpoint_path(self.out_dir, state["step"])
+        if state.get("sharded"):
+            problem = None
+            try:
+                sharded.save(model, optimizer, path)
+            except Exception as err:  # DCP raises the same failure on every rank
+                cause = err if isinstance(err, OSError) else OSError(_first_line(err))
+                problem = save_problem(cause, state["step"], sharded.shard_dir(path))
+            problem = dist.all_gather_object(problem)[0]
+            if problem:
+                raise SaveError(problem)
         if self.is_main:
-            path = checkpoint_path(self.out_dir, state["step"])
             staged, copied = self._stage(state), None
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 copied = torch.cuda.Event()  # marks the end of the copies queued above
@@ -182,6 +218,7 @@ class Checkpointer:
             _write_atomic(state, path)
         except OSError as err:  # no space left, a quota, permissions, a lost mount
             self._problem = save_problem(err, state["step"], path)
+            _remove(sharded.shard_dir(path))  # FSDP: shards that no .pt will complete
             return
         # Delete old checkpoints only now that the new one is safely on disk, and never the
         # new one: keep it and the newest keep_last - 1 before it. Later steps are left alone
@@ -190,7 +227,8 @@ class Checkpointer:
         # OUT_DIR/run.lock: no other process writes here).
         older = [p for p in list_checkpoints(path.parent) if step_of(p) < state["step"]]
         for old in older[self.keep_last - 1 :] + stray_temp_files(path.parent):
-            old.unlink(missing_ok=True)
+            _remove(old)
+            _remove(sharded.shard_dir(old))  # FSDP: after its .pt, which completes it
 
 
 def save_problem(err: OSError, step: int, path: Path) -> str:
@@ -222,8 +260,21 @@ def _write_atomic(state: dict[str, Any], path: Path) -> None:
 
 
 def load(path: Path, device: torch.device) -> dict[str, Any]:
-    """Load a checkpoint onto this rank's device; weights_only refuses arbitrary objects."""
-    return torch.load(path, map_location=device, weights_only=True)
+    """Load a checkpoint onto this rank's device; weights_only refuses arbitrary objects.
+
+    A sharded one (FSDP) gets `model` as shapes only (on the meta device), for the checks of
+    resume.py, and `shards`, the directory that restore() reads the tensors from.
+    """
+    state = torch.load(path, map_location=device, weights_only=True)
+    if isinstance(state, dict) and state.get("sharded"):
+        state["shards"] = sharded.shard_dir(path)
+        state["model"] = sharded.shapes(state["shards"])  # fails if the directory is damaged
+    return state
+
+
+def weights(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """A loaded checkpoint's whole model weights as a plain state_dict, whatever the strategy."""
+    return sharded.full_weights(state["shards"]) if state.get("sharded") else state["model"]
 
 
 def restore(
@@ -236,23 +287,37 @@ def restore(
     env: dist.DistEnv,
     device: torch.device,
 ) -> Progress:
-    """Load where the run starts into freshly built objects; returns where training stands."""
+    """Load where the run starts into freshly built objects; returns where training stands.
+
+    `model` as it trains (wrapped in DDP or sharded by FSDP).
+    """
+    module = strategy.unwrap(model)
     if start.weights is not None:  # --init-from: the weights only; step 0, all else fresh
-        model.load_state_dict(start.weights)
+        if strategy.is_sharded(model):
+            sharded.load_weights(model, start.weights)
+        else:
+            module.load_state_dict(start.weights)
     state = start.resume
     if state is None:
         return Progress()
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    if state.get("sharded"):  # the shards of any world size; resume.py refused other strategies
+        sharded.load(model, optimizer, state["shards"])
+    else:
+        module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     optim.reschedule(optimizer, scheduler, cfg)  # --max-steps may have changed
     scaler.load_state_dict(state["scaler"])
     if state["world_size"] == env.world_size:
         _set_rng_state(state["rng"][env.rank], device)
+        strategy.set_comm_hook_state(
+            model, state.get("comm_hook", [None] * env.world_size)[env.rank]
+        )
     else:
         dist.print0(
             f"warning: the checkpoint has {state['world_size']} ranks, this run {env.world_size};"
-            " RNG states are not restored, so the run is not bitwise reproducible"
+            " RNG states are not restored (nor PowerSGD's error feedback), so the run is not"
+            " bitwise reproducible"
         )
     return Progress(state["step"], state["epoch"], state["position"])
 
@@ -270,3 +335,16 @@ def _set_rng_state(rng: dict[str, Any], device: torch.device) -> None:
     torch.set_rng_state(rng["torch"].cpu())  # map_location moved it; RNG states live on CPU
     if rng["cuda"] is not None and device.type == "cuda":
         torch.cuda.set_rng_state(rng["cuda"].cpu(), device)
+
+
+def _remove(path: Path) -> None:
+    """Delete a file or a directory (of shards) if it exists."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _first_line(err: Exception) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
