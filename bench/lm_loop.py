@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from .loops import DTYPES, drain_and_destroy, epochs
+from .loops import DTYPES, add_loop_flags, drain_and_destroy, epochs
 from .timing import StepClock, emit
 
 
@@ -44,16 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-head", type=int, default=4)
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=8, help="windows per rank per micro-step")
-    p.add_argument("--grad-accum-steps", type=int, default=4)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--max-steps", type=int, default=111, help="optimizer steps")
-    p.add_argument("--warmup", type=int, default=10, help="optimizer steps before the window")
-    p.add_argument("--timed", type=int, default=100, help="optimizer steps in the window")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--precision", default="fp32", choices=list(DTYPES))
-    p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers per rank")
-    return p
+    return add_loop_flags(p)
 
 
 def make_dataset(path: str, seq_len: int) -> TensorDataset:

@@ -50,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--depth", type=int, default=3)
     p.add_argument("--num-classes", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=32, help="per rank per micro-step")
+    return add_loop_flags(p)
+
+
+def add_loop_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The flags every hand-written loop takes (this one's and bench/lm_loop.py's)."""
     p.add_argument("--grad-accum-steps", type=int, default=4)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--max-steps", type=int, default=111, help="optimizer steps")
