@@ -26,7 +26,7 @@ import random
 import shutil
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,77 @@ class Progress:
             self.epoch, self.position = self.epoch + 1, 0
 
 
+@dataclass
+class TrainState:
+    """Everything training changes, and so everything an exact resume restores, as one object.
+
+    `model` as it trains: wrapped in DDP, sharded by FSDP, or plain. A new piece of state (an
+    EMA of the weights, a second optimizer) is a field here, and one line in state_dict() and
+    one in load_state_dict(): the checkpoint and the resume follow.
+    """
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    progress: Progress = field(default_factory=Progress)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state as plain types and tensors. A collective: every rank must call it.
+
+        Every rank's RNG state (and PowerSGD's, per rank) goes in, one entry per rank. Under
+        FSDP the model and optimizer are left out: Checkpointer.save writes them as shards.
+        """
+        rng = dist.all_gather_object(_rng_state(_device_of(self.model)))
+        is_sharded = strategy.is_sharded(self.model)
+        return {
+            # The unwrapped module: no `module.` prefix.
+            "model": {} if is_sharded else strategy.unwrap(self.model).state_dict(),
+            "optimizer": {} if is_sharded else self.optimizer.state_dict(),
+            "sharded": is_sharded,
+            # PowerSGD's error feedback and Q, per rank (--comm-hook; None for the others).
+            "comm_hook": dist.all_gather_object(strategy.comm_hook_state(self.model)),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            **asdict(self.progress),
+            "rng": rng,
+            "world_size": len(rng),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint that load() read and resume.py checked.
+
+        Per-rank states (RNG, PowerSGD) only come back at the world size they were saved at:
+        at another, the run goes on but is no longer bitwise reproducible (a warning says so).
+        """
+        if state.get("sharded"):  # the shards of any world size; resume.py refused others
+            sharded.load(self.model, self.optimizer, state["shards"])
+        else:
+            strategy.unwrap(self.model).load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.progress = Progress(state["step"], state["epoch"], state["position"])
+        rank, world_size = dist.rank(), dist.world_size()
+        if state["world_size"] == world_size:
+            _set_rng_state(state["rng"][rank], _device_of(self.model))
+            hook_states = state.get("comm_hook", [None] * world_size)  # older checkpoints: none
+            strategy.set_comm_hook_state(self.model, hook_states[rank])
+        else:
+            dist.print0(
+                f"warning: the checkpoint has {state['world_size']} ranks, this run {world_size};"
+                " RNG states are not restored (nor PowerSGD's error feedback), so the run is not"
+                " bitwise reproducible"
+            )
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """--init-from: the model's weights only; optimizer, schedule and progress stay fresh."""
+        if strategy.is_sharded(self.model):
+            sharded.load_weights(self.model, weights)
+        else:
+            strategy.unwrap(self.model).load_state_dict(weights)
+
+
 def checkpoint_path(out_dir: str, step: int) -> Path:
     return Path(out_dir) / "checkpoints" / f"step_{step:08d}.pt"
 
@@ -82,39 +153,6 @@ def stray_temp_files(directory: Path) -> list[Path]:
     return sorted([*directory.glob("step_*.pt.tmp"), *directory.glob("step_*.dcp.tmp"), *orphans])
 
 
-def build_state(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    scaler: torch.amp.GradScaler,
-    progress: Progress,
-    cfg: TrainConfig,
-    device: torch.device,
-) -> dict[str, Any]:
-    """Everything an exact resume needs. A collective: every rank must call it.
-
-    `model` as trained (DDP, FSDP or plain). Under FSDP, model and optimizer are left out here:
-    save() writes them as shards.
-    """
-    rng = dist.all_gather_object(_rng_state(device))  # one entry per rank
-    is_sharded = strategy.is_sharded(model)
-    return {
-        # The unwrapped module: no `module.` prefix.
-        "model": {} if is_sharded else strategy.unwrap(model).state_dict(),
-        "optimizer": {} if is_sharded else optimizer.state_dict(),
-        "sharded": is_sharded,
-        # PowerSGD's error feedback and Q, per rank (--comm-hook; None for the others).
-        "comm_hook": dist.all_gather_object(strategy.comm_hook_state(model)),
-        "scheduler": scheduler.state_dict(),
-        "scaler": scaler.state_dict(),
-        **asdict(progress),
-        "rng": rng,
-        "config": asdict(cfg),
-        "world_size": len(rng),
-        "versions": {"torch": str(torch.__version__), "python": platform.python_version()},
-    }
-
-
 def step_of(path: Path) -> int:
     return int(path.stem.removeprefix("step_"))
 
@@ -127,46 +165,45 @@ class Checkpointer:
     (pickling, the disk, fsync) runs on a thread, overlapped with the next steps.
     """
 
-    def __init__(self, out_dir: str, keep_last: int, is_main: bool) -> None:
-        self.out_dir, self.keep_last, self.is_main = out_dir, keep_last, is_main
+    def __init__(self, cfg: TrainConfig, is_main: bool) -> None:
+        self.cfg, self.is_main = cfg, is_main
         self._thread: threading.Thread | None = None
         self._writing: Path | None = None  # the checkpoint being written
         self._problem: str | None = None  # why the last write failed
         self._pinned: dict[str, torch.Tensor] = {}  # host buffers, reused by every save
         self._last_save = time.monotonic()
 
-    def due_by_time(self, minutes: float) -> int:
-        """1 if `minutes` (> 0) have passed since the last save on this rank's clock."""
+    def due_by_time(self) -> int:
+        """1 if --ckpt-every-minutes (> 0) have passed since the last save, on this rank's clock."""
+        minutes = self.cfg.ckpt_every_minutes
         return int(minutes > 0 and time.monotonic() - self._last_save >= minutes * 60)
 
-    def save(
-        self,
-        state: dict[str, Any],
-        model: nn.Module | None = None,
-        optimizer: torch.optim.Optimizer | None = None,
-    ) -> float:
-        """Start saving `state`; returns the seconds training stalled for it.
+    def save(self, state: TrainState) -> float:
+        """Start saving `state` (a collective); returns the seconds training stalled for it.
 
-        A sharded state (FSDP) needs the model and optimizer: every rank writes its shards
-        first, together (torch.distributed.checkpoint); the .pt file that completes the
-        checkpoint is then written in the background like any other.
+        Under FSDP every rank first writes its shards, together (torch.distributed.checkpoint);
+        the .pt file that completes the checkpoint is then written in the background like any
+        other.
         """
         started = time.perf_counter()
         self._last_save = time.monotonic()
         self.wait()  # one save in flight at most; raises SaveError if the last one failed
-        path = checkpoint_path(self.out_dir, state["step"])
-        if state.get("sharded"):
+        payload = state.state_dict()
+        payload["config"] = asdict(self.cfg)
+        payload["versions"] = {"torch": str(torch.__version__), "python": platform.python_version()}
+        step, path = state.progress.step, checkpoint_path(self.cfg.out_dir, state.progress.step)
+        if payload["sharded"]:
             problem = None
             try:
-                sharded.save(model, optimizer, path)
+                sharded.save(state.model, state.optimizer, path)
             except Exception as err:  # DCP raises the same failure on every rank
                 cause = err if isinstance(err, OSError) else OSError(_first_line(err))
-                problem = save_problem(cause, state["step"], sharded.shard_dir(path))
+                problem = save_problem(cause, step, sharded.shard_dir(path))
             problem = dist.all_gather_object(problem)[0]
             if problem:
                 raise SaveError(problem)
         if self.is_main:
-            staged, copied = self._stage(state), None
+            staged, copied = self._stage(payload), None
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 copied = torch.cuda.Event()  # marks the end of the copies queued above
                 copied.record()
@@ -226,7 +263,7 @@ class Checkpointer:
         # older. Also delete temporary files of saves that a crash interrupted (this run holds
         # OUT_DIR/run.lock: no other process writes here).
         older = [p for p in list_checkpoints(path.parent) if step_of(p) < state["step"]]
-        for old in older[self.keep_last - 1 :] + stray_temp_files(path.parent):
+        for old in older[self.cfg.keep_last - 1 :] + stray_temp_files(path.parent):
             _remove(old)
             _remove(sharded.shard_dir(old))  # FSDP: after its .pt, which completes it
 
@@ -277,49 +314,18 @@ def weights(state: dict[str, Any]) -> dict[str, torch.Tensor]:
     return sharded.full_weights(state["shards"]) if state.get("sharded") else state["model"]
 
 
-def restore(
-    start: Start,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    scaler: torch.amp.GradScaler,
-    cfg: TrainConfig,
-    env: dist.DistEnv,
-    device: torch.device,
-) -> Progress:
-    """Load where the run starts into freshly built objects; returns where training stands.
-
-    `model` as it trains (wrapped in DDP or sharded by FSDP).
-    """
-    module = strategy.unwrap(model)
+def restore(start: Start, state: TrainState, cfg: TrainConfig) -> None:
+    """Load where the run starts (resume.find_start) into a freshly built state."""
     if start.weights is not None:  # --init-from: the weights only; step 0, all else fresh
-        if strategy.is_sharded(model):
-            sharded.load_weights(model, start.weights)
-        else:
-            module.load_state_dict(start.weights)
-    state = start.resume
-    if state is None:
-        return Progress()
-    if state.get("sharded"):  # the shards of any world size; resume.py refused other strategies
-        sharded.load(model, optimizer, state["shards"])
-    else:
-        module.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    optim.reschedule(optimizer, scheduler, cfg)  # --max-steps may have changed
-    scaler.load_state_dict(state["scaler"])
-    if state["world_size"] == env.world_size:
-        _set_rng_state(state["rng"][env.rank], device)
-        strategy.set_comm_hook_state(
-            model, state.get("comm_hook", [None] * env.world_size)[env.rank]
-        )
-    else:
-        dist.print0(
-            f"warning: the checkpoint has {state['world_size']} ranks, this run {env.world_size};"
-            " RNG states are not restored (nor PowerSGD's error feedback), so the run is not"
-            " bitwise reproducible"
-        )
-    return Progress(state["step"], state["epoch"], state["position"])
+        state.load_weights(start.weights)
+    if start.resume is not None:
+        state.load_state_dict(start.resume)
+        optim.reschedule(state.optimizer, state.scheduler, cfg)  # --max-steps may have changed
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    """Where the model trains (its parameters' device; a DTensor's is its shard's)."""
+    return next(model.parameters()).device
 
 
 def _rng_state(device: torch.device) -> dict[str, Any]:

@@ -213,6 +213,11 @@ def is_main() -> bool:
     return int(os.environ.get("RANK", 0)) == 0
 
 
+def rank() -> int:
+    """This process's global rank (0 before the group exists)."""
+    return torch_dist.get_rank() if torch_dist.is_initialized() else 0
+
+
 def world_size() -> int:
     """Number of processes in the group (1 before it exists)."""
     return torch_dist.get_world_size() if torch_dist.is_initialized() else 1
@@ -240,7 +245,7 @@ def sum_(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def mean(tensor: torch.Tensor) -> torch.Tensor:
+def mean_(tensor: torch.Tensor) -> torch.Tensor:
     """Average a tensor over all ranks, in place (gloo has no AVG, so sum and divide)."""
     return sum_(tensor).div_(torch_dist.get_world_size())
 
