@@ -50,7 +50,6 @@ from .harness import (
     summarize,
     versions,
 )
-from .patches import PATCHES
 
 ALL_CONTENDERS = (
     "reference",
@@ -183,11 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="1 round, 40 timed steps, short start-up timing")
     p.add_argument("--repeats", type=int, help="interleaved rounds (default 3; 1 with --quick)")
     p.add_argument("--world-sizes", default="1,2", help="comma-separated (default 1,2)")
-    p.add_argument(
-        "--contenders",
-        default=",".join(ALL_CONTENDERS),
-        help="comma-separated subset; generated+PATCH[+PATCH] adds a what-if fix of bench/patches.py",
-    )
+    p.add_argument("--contenders", default=",".join(ALL_CONTENDERS), help="comma-separated subset")
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS per process (default 1)")
     p.add_argument("--warmup", type=int, help="untimed optimizer steps (default 10; 5 with --quick)")
     p.add_argument("--timed", type=int, help="timed optimizer steps (default 100; 40 with --quick)")
@@ -230,16 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     world_sizes = [int(x) for x in args.world_sizes.split(",")]
     contenders, skipped = [], {}
     for c in args.contenders.split(","):
-        base, *patch_names = c.split("+")  # generated+fused_adamw: the trainer with a what-if fix
         known = ALL_CONTENDERS + EXTRA_CONTENDERS
-        if base not in known or (patch_names and not base.startswith("generated")):
+        if c not in known:
             raise SystemExit(f"unknown contender {c!r}; choose from {', '.join(known)}")
-        if w.task == "lm" and base not in LM_CONTENDERS:
+        if w.task == "lm" and c not in LM_CONTENDERS:
             raise SystemExit(f"{c}: not available for --workload lm; choose from {', '.join(LM_CONTENDERS)}")
-        if set(patch_names) - set(PATCHES):
-            raise SystemExit(f"{c}: patches are {', '.join(PATCHES)} (bench/patches.py)")
-        if patch_names:
-            DESCRIPTIONS[c] = f"{DESCRIPTIONS[base]}, with {' + '.join(patch_names)} (bench/patches.py)"
         module = OPTIONAL.get(c)
         if module and importlib.util.find_spec(module) is None:
             skipped[c] = f"`{module}` is not installed (pip install -e '.[bench]')"

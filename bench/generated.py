@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import patches
 from .timing import StepClock, Timers, emit
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,11 +106,9 @@ def main() -> None:
     parser.add_argument("--timed", type=int, required=True)
     parser.add_argument("--global-batch", type=int, required=True)
     parser.add_argument("--out-dir", type=Path, required=True, help="the trainer's --out-dir")
-    parser.add_argument("--patch", action="append", default=[], help="a what-if of bench/patches.py")
     parser.add_argument("trainer_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     argv = args.trainer_args[1:] if args.trainer_args[:1] == ["--"] else args.trainer_args
-    patches.apply(args.patch, args.package)
     train = importlib.import_module(f"{args.package}.train")
     clock = StepClock(args.warmup, args.timed)
     timers = Timers(clock, args.warmup, args.timed)

@@ -127,24 +127,23 @@ def command(contender: str, world_size: int, w: Workload, out_dir: Path) -> list
         timing = [f"--warmup={w.warmup}", f"--timed={w.timed}"]
         module = "bench.lm_loop" if w.task == "lm" else "bench.loops"
         return torchrun(world_size, module, [f"--contender={contender}", *w.common_flags(), *timing])
-    base, *patch_names = contender.split("+")  # e.g. generated-quiet+fused_adamw: a what-if
     # The trainer saves every 1000 steps or 30 minutes by default; the bench saves once in its
     # 100-step window (a harsher case), so the window holds a checkpoint as well as an eval.
     trainer = [*w.common_flags(), "--resume=never", "--ckpt-every=100"]
     if w.task == "lm":
         trainer += [f"--token-dir={w.token_dir}"]
-    if base == "generated-quiet":  # nothing inside the window: only the (untimed) last step
+    if contender == "generated-quiet":  # nothing inside the window: only the (untimed) last step
         trainer += ["--log-every=1000000000", "--ckpt-every=0", "--eval-every=0"]
         trainer += ["--ckpt-every-minutes=0"]
-    if base == "generated-ckptonly":  # defaults, but no metrics lines or evaluation in the window
+    if contender == "generated-ckptonly":  # defaults, but no metrics lines or evaluation in the window
         trainer += ["--log-every=1000000000", "--eval-every=0"]
-    if base == "generated-logonly":  # defaults, but no checkpoint or evaluation in the window
+    if contender == "generated-logonly":  # defaults, but no checkpoint or evaluation in the window
         trainer += ["--ckpt-every=0", "--ckpt-every-minutes=0", "--eval-every=0"]
-    if base == "generated-noeval":  # defaults, but evaluation only at the (untimed) last step
+    if contender == "generated-noeval":  # defaults, but evaluation only at the (untimed) last step
         trainer += ["--eval-every=0"]
-    if base == "generated-compile":  # defaults plus torch.compile
+    if contender == "generated-compile":  # defaults plus torch.compile
         trainer += ["--compile"]
-    if base == "generated-workers2":
+    if contender == "generated-workers2":
         trainer += ["--num-workers=2"]  # the later flag wins
     runner = [
         f"--package={PACKAGE}",
@@ -153,7 +152,6 @@ def command(contender: str, world_size: int, w: Workload, out_dir: Path) -> list
         f"--timed={w.timed}",
         f"--global-batch={w.batch_size * w.grad_accum_steps * world_size}",
         f"--out-dir={out_dir}",
-        *[f"--patch={name}" for name in patch_names],
         "--",
         *trainer,
     ]
