@@ -11,7 +11,7 @@ contender on the same workload (MLP 256-1024x3-10, per-rank batch 32, 4 accumula
 micro-steps, AdamW, fp32, CPU, gloo) at world sizes 1 and 2 under torchrun, interleaved
 (A B C ... A B C ...). Reports median global samples/s per contender and world size, the
 median of per-round ratios to the hand-written reference, the generated trainer's logging and
-checkpointing overhead, the no_sync gain, its data-wait share, and CLI start-up times.
+checkpointing overhead, the no_sync gain and its data-wait share.
 With --workload lm the project is rendered with task=lm and the model is its GPT (4 blocks,
 width 128, 4 heads, windows of 64 bytes, per-rank batch 8 windows, 4 micro-steps) on 36 KB of
 its shipped text: exactly 512 training windows, so every epoch splits into full steps at W=1
@@ -33,7 +33,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from . import startup
 from .generated import render
 from .harness import (
     PACKAGE,
@@ -163,14 +162,6 @@ def print_report(result: dict[str, Any]) -> None:
         print()
         for t in result["targets"]:
             print(f"[{'ok' if t['ok'] else 'MISSED'}] {t['target']}: {t['value']:.3f}")
-    if result.get("startup"):
-        print()
-        medians = result["startup"]["median_s"]
-        base = medians["python -c pass"]
-        for name, seconds in medians.items():
-            print(f"{name:<45}{seconds * 1000:>8.0f} ms {seconds / base:>6.1f}x python -c pass")
-        render_s = result["startup"]["render_working_tree_s"]
-        print(f"{'render the working tree (ddp-new -y --template)':<45}{render_s * 1000:>8.0f} ms (once)")
     for r in result["runs"]:
         if "error" in r or "warning" in r:
             problem = r.get("error") or r["warning"]
@@ -179,7 +170,7 @@ def print_report(result: dict[str, Any]) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="1 round, 40 timed steps, short start-up timing")
+    p.add_argument("--quick", action="store_true", help="1 round, 40 timed steps")
     p.add_argument("--repeats", type=int, help="interleaved rounds (default 3; 1 with --quick)")
     p.add_argument("--world-sizes", default="1,2", help="comma-separated (default 1,2)")
     p.add_argument("--contenders", default=",".join(ALL_CONTENDERS), help="comma-separated subset")
@@ -198,7 +189,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="leave glibc's adaptive mmap threshold alone (see harness.PIN_MALLOC)",
     )
     p.add_argument("--no-data-wait", action="store_true", help="skip the --num-workers 2 runs")
-    p.add_argument("--no-startup", action="store_true", help="skip CLI start-up timing")
     p.add_argument("--timeout", type=float, default=600, help="seconds one run may take")
     p.add_argument("--json", type=Path, help="results file (default bench/results/bench-DATE.json)")
     return p
@@ -293,11 +283,6 @@ def main(argv: list[str] | None = None) -> int:
                     "foreign_cpu": record.get("foreign_cpu"),
                 }
                 log(f"W={ws} generated --num-workers 2: {fmt(rate, ',.0f')} samples/s")
-        startup_result = None
-        if not args.no_startup:
-            log("timing CLI start-up (bench.startup) ...")
-            medians = startup.measure(3 if args.quick else 7)
-            startup_result = {"median_s": medians, "render_working_tree_s": render_s}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -320,7 +305,6 @@ def main(argv: list[str] | None = None) -> int:
         "summary_cpu": summary_cpu,
         "data_wait": data_wait,
         "targets": check_targets(summary),
-        "startup": startup_result,
         "runs": runs,
     }
     path = save_results("bench", result, args.json)

@@ -23,7 +23,7 @@ def test_bench_quick_reports_every_installed_contender(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     cmd = [
         sys.executable, "-m", "bench", "--quick", "--tiny", "--repeats", "1", "--warmup", "1",
-        "--timed", "3", "--world-sizes", "2", "--no-startup", "--no-data-wait", "--json", str(out),
+        "--timed", "3", "--world-sizes", "2", "--no-data-wait", "--json", str(out),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
@@ -53,7 +53,7 @@ def test_bench_lm_workload_compares_the_generated_gpt_with_the_hand_written_loop
     out = tmp_path / "bench.json"
     cmd = [
         sys.executable, "-m", "bench", "--workload", "lm", "--quick", "--tiny", "--repeats", "1",
-        "--warmup", "1", "--timed", "3", "--world-sizes", "2", "--no-startup", "--no-data-wait",
+        "--warmup", "1", "--timed", "3", "--world-sizes", "2", "--no-data-wait",
         "--json", str(out),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
