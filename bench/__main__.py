@@ -60,7 +60,6 @@ ALL_CONTENDERS = (
     "accelerate",
     "fabric",
 )
-EXTRA_CONTENDERS = ("generated-ckptonly", "generated-logonly")  # accepted by --contenders, not run by default
 OPTIONAL = {"accelerate": "accelerate", "fabric": "lightning"}  # contender -> module it needs
 DESCRIPTIONS = {
     "reference": "hand-written DDP loop, no_sync accumulation (bench/loops.py)",
@@ -68,8 +67,6 @@ DESCRIPTIONS = {
     "generated": "generated trainer, defaults: log every 10, eval + checkpoint every 100",
     "generated-noeval": "generated trainer, defaults but no evaluation inside the window",
     "generated-quiet": "generated trainer, no logging/eval/checkpoint inside the window",
-    "generated-ckptonly": "generated trainer, checkpoints at the default interval, no logging/eval",
-    "generated-logonly": "generated trainer, metrics lines at the default interval, no eval/checkpoints",
     "allreduce": "hand-written DDP loop, all-reduce on every micro-step",
     "accelerate": "Hugging Face Accelerate, accumulate()",
     "fabric": 'Lightning Fabric, strategy="ddp", no_backward_sync()',
@@ -215,9 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     world_sizes = [int(x) for x in args.world_sizes.split(",")]
     contenders, skipped = [], {}
     for c in args.contenders.split(","):
-        known = ALL_CONTENDERS + EXTRA_CONTENDERS
-        if c not in known:
-            raise SystemExit(f"unknown contender {c!r}; choose from {', '.join(known)}")
+        if c not in ALL_CONTENDERS:
+            raise SystemExit(f"unknown contender {c!r}; choose from {', '.join(ALL_CONTENDERS)}")
         if w.task == "lm" and c not in LM_CONTENDERS:
             raise SystemExit(f"{c}: not available for --workload lm; choose from {', '.join(LM_CONTENDERS)}")
         module = OPTIONAL.get(c)

@@ -121,6 +121,23 @@ def torchrun(world_size: int, module: str, args: list[str]) -> list[str]:
     return [*run, f"--nproc-per-node={world_size}", "-m", module, *args]
 
 
+# The generated trainer's variants: the flags each adds to the bench's defaults.
+GENERATED_VARIANTS = {
+    "generated": [],
+    # Evaluation only at the (untimed) last step.
+    "generated-noeval": ["--eval-every=0"],
+    # Nothing inside the window: logging, evaluation and checkpoints only at the last step.
+    "generated-quiet": [
+        "--log-every=1000000000",
+        "--ckpt-every=0",
+        "--eval-every=0",
+        "--ckpt-every-minutes=0",
+    ],
+    "generated-compile": ["--compile"],  # bench.gpu, when the trainer has the flag
+    "generated-workers2": ["--num-workers=2"],  # the data-wait runs of python -m bench
+}
+
+
 def command(contender: str, world_size: int, w: Workload, out_dir: Path) -> list[str]:
     """The launch command of one contender run."""
     if not contender.startswith("generated"):
@@ -132,19 +149,7 @@ def command(contender: str, world_size: int, w: Workload, out_dir: Path) -> list
     trainer = [*w.common_flags(), "--resume=never", "--ckpt-every=100"]
     if w.task == "lm":
         trainer += [f"--token-dir={w.token_dir}"]
-    if contender == "generated-quiet":  # nothing inside the window: only the (untimed) last step
-        trainer += ["--log-every=1000000000", "--ckpt-every=0", "--eval-every=0"]
-        trainer += ["--ckpt-every-minutes=0"]
-    if contender == "generated-ckptonly":  # defaults, but no metrics lines or evaluation in the window
-        trainer += ["--log-every=1000000000", "--eval-every=0"]
-    if contender == "generated-logonly":  # defaults, but no checkpoint or evaluation in the window
-        trainer += ["--ckpt-every=0", "--ckpt-every-minutes=0", "--eval-every=0"]
-    if contender == "generated-noeval":  # defaults, but evaluation only at the (untimed) last step
-        trainer += ["--eval-every=0"]
-    if contender == "generated-compile":  # defaults plus torch.compile
-        trainer += ["--compile"]
-    if contender == "generated-workers2":
-        trainer += ["--num-workers=2"]  # the later flag wins
+    trainer += GENERATED_VARIANTS[contender]  # the later flag wins
     runner = [
         f"--package={PACKAGE}",
         f"--label={contender}",
