@@ -13,25 +13,21 @@ of --seq-len + 1 bytes), but held in memory as one tensor: the fastest possible 
              evaluation or checkpoints.
 - allreduce: the same without no_sync (an all-reduce after every micro-step).
 
-Prints one result line (bench.timing) on rank 0.
+The loop is bench.loops.run_ddp's; this module supplies the windows and the GPT. Prints one
+result line (bench.timing) on rank 0.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
-import os
 
 import numpy as np
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import TensorDataset
 
-from .loops import DTYPES, add_loop_flags, drain_and_destroy, epochs
-from .timing import StepClock, emit
+from .loops import add_loop_flags, parse_args, run_ddp
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,53 +53,17 @@ def make_dataset(path: str, seq_len: int) -> TensorDataset:
     return TensorDataset(chunks[:, :-1].contiguous(), chunks[:, 1:].contiguous())
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    if args.warmup < 1 or args.warmup + args.timed > args.max_steps:
-        raise SystemExit("need 1 <= --warmup and --warmup + --timed <= --max-steps")
-    device = torch.device(args.device)
+def build_gpt(args: argparse.Namespace, device: torch.device) -> tuple[TensorDataset, nn.Module]:
+    """The windows of --data-path and the project's GPT (a bench.loops.Build)."""
     if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-        torch.set_float32_matmul_precision("high")
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    world = dist.get_world_size()
-    torch.manual_seed(args.seed)
-    dataset = make_dataset(args.data_path, args.seq_len)
-    sampler = DistributedSampler(dataset, shuffle=True, seed=args.seed, drop_last=True)
-    loader = DataLoader(
-        dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True,
-        pin_memory=device.type == "cuda", num_workers=args.num_workers,
-        persistent_workers=args.num_workers > 0,
-    )  # fmt: skip
+        torch.set_float32_matmul_precision("high")  # TF32, as the generated trainer sets it
     gpt = importlib.import_module(f"{args.package}.model").GPT
-    model = gpt(args.n_layer, args.n_head, args.d_model, args.seq_len).to(device)
-    ddp = nn.parallel.DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None
-    )
-    optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=0.01, fused=True)
-    amp = torch.autocast(device.type, dtype=DTYPES[args.precision], enabled=args.precision != "fp32")
-    scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")
-    clock = StepClock(args.warmup, args.timed)
-    batches = epochs(loader, sampler)
-    accum = args.grad_accum_steps
-    for _ in range(args.max_steps):
-        for micro in range(accum):
-            inputs, targets = next(batches)
-            inputs = inputs.to(device, non_blocking=True)
-            targets = targets.to(device, non_blocking=True)
-            skip_sync = args.contender == "reference" and micro < accum - 1
-            with ddp.no_sync() if skip_sync else contextlib.nullcontext():
-                with amp:
-                    logits = ddp(inputs)
-                    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-                scaler.scale(loss / accum).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-    result = clock.result(args.batch_size * accum * world)
-    emit({"contender": args.contender, "final_loss": float(loss), **result})
-    drain_and_destroy()
+    model = gpt(args.n_layer, args.n_head, args.d_model, args.seq_len)
+    return make_dataset(args.data_path, args.seq_len), model
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_ddp(parse_args(build_parser(), argv), build_gpt, fused=True)
 
 
 if __name__ == "__main__":

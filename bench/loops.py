@@ -16,7 +16,8 @@ schedule, no logging, no checkpoints):
 - fabric:     Lightning Fabric, strategy="ddp", `fabric.no_backward_sync()` on all micro-steps
               but the last.
 
-Each prints one result line (see bench.timing) on rank 0.
+Each prints one result line (see bench.timing) on rank 0. `run_ddp` is also the loop of the
+language-model workload (bench/lm_loop.py), on another dataset and model.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ import argparse
 import contextlib
 import os
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
 from .timing import StepClock, emit
 
@@ -51,6 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-classes", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=32, help="per rank per micro-step")
     return add_loop_flags(p)
+
+
+def parse_args(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse a loop's flags and check that its window fits in its steps."""
+    args = p.parse_args(argv)
+    if args.warmup < 1 or args.warmup + args.timed > args.max_steps:
+        raise SystemExit("need 1 <= --warmup and --warmup + --timed <= --max-steps")
+    return args
 
 
 def add_loop_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -77,7 +87,7 @@ def make_dataset(num: int, input_dim: int, num_classes: int, seed: int) -> Tenso
     return TensorDataset(inputs, labels)
 
 
-def make_model(args: argparse.Namespace) -> nn.Module:
+def make_mlp(args: argparse.Namespace) -> nn.Module:
     """depth x (Linear + GELU), then Linear: the generated project's MLP."""
     layers: list[nn.Module] = []
     width = args.input_dim
@@ -112,8 +122,20 @@ def drain_and_destroy() -> None:
         dist.destroy_process_group()
 
 
-def run_ddp(args: argparse.Namespace, use_no_sync: bool) -> None:
-    """The reference loop (use_no_sync=True) and the all-reduce-every-micro-step loop."""
+# What a DDP run trains: (args, device) -> dataset, model on the CPU. Called once the process
+# group is up and the global seed is set, so the model's initial weights come from the seed.
+Build = Callable[[argparse.Namespace, torch.device], tuple[Dataset, nn.Module]]
+
+
+def build_mlp(args: argparse.Namespace, device: torch.device) -> tuple[Dataset, nn.Module]:
+    """The classifier workload: the teacher-labelled Gaussian data and the MLP."""
+    return make_dataset(args.num_samples, args.input_dim, args.num_classes, args.seed), make_mlp(args)
+
+
+def run_ddp(args: argparse.Namespace, build: Build, fused: bool) -> None:
+    """The reference loop, and for the allreduce contender the same without no_sync (an
+    all-reduce after every micro-step), on what `build` makes; fused: AdamW(fused=True)."""
+    use_no_sync = args.contender != "allreduce"
     device = torch.device(args.device)
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -121,7 +143,7 @@ def run_ddp(args: argparse.Namespace, use_no_sync: bool) -> None:
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     world = dist.get_world_size()
     torch.manual_seed(args.seed)
-    dataset = make_dataset(args.num_samples, args.input_dim, args.num_classes, args.seed)
+    dataset, model = build(args, device)
     sampler = DistributedSampler(dataset, shuffle=True, seed=args.seed, drop_last=True)
     loader = DataLoader(
         dataset,
@@ -131,13 +153,9 @@ def run_ddp(args: argparse.Namespace, use_no_sync: bool) -> None:
         pin_memory=device.type == "cuda",
         **workers(args),
     )
-    model = make_model(args).to(device)
     ddp = nn.parallel.DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None
+        model.to(device), device_ids=[device.index] if device.type == "cuda" else None
     )
-    # Fused AdamW: the fastest on GPUs; on CPU only for reference-fused (torch's default there is
-    # the for-loop implementation, which Accelerate and Fabric get too).
-    fused = device.type == "cuda" or args.contender == "reference-fused"
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=0.01, fused=fused)
     amp = torch.autocast(device.type, dtype=DTYPES[args.precision], enabled=args.precision != "fp32")
     scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")
@@ -146,20 +164,41 @@ def run_ddp(args: argparse.Namespace, use_no_sync: bool) -> None:
     accum = args.grad_accum_steps
     for _ in range(args.max_steps):
         for micro in range(accum):
-            inputs, labels = next(batches)
+            inputs, targets = next(batches)
             inputs = inputs.to(device, non_blocking=True)
-            labels = labels.to(device, non_blocking=True)
+            targets = targets.to(device, non_blocking=True)
             skip_sync = use_no_sync and micro < accum - 1
             with ddp.no_sync() if skip_sync else contextlib.nullcontext():
                 with amp:
-                    loss = F.cross_entropy(ddp(inputs), labels)
+                    # (B, classes) stays as it is; the GPT's (B, T, vocab) becomes (B * T, vocab).
+                    loss = F.cross_entropy(ddp(inputs).flatten(0, -2), targets.flatten())
                 scaler.scale(loss / accum).backward()
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
-    result = clock.result(args.batch_size * accum * world)
+    finish(args, clock, world, loss)
+
+
+def finish(args: argparse.Namespace, clock: StepClock, world: int, loss: torch.Tensor) -> None:
+    """Print the result line (rank 0) and leave the process group."""
+    result = clock.result(args.batch_size * args.grad_accum_steps * world)
     emit({"contender": args.contender, "final_loss": float(loss), **result})
     drain_and_destroy()
+
+
+def framework_inputs(args: argparse.Namespace) -> tuple[DataLoader, nn.Module, torch.optim.Optimizer]:
+    """The plain loader, model and optimizer that Accelerate and Fabric wrap: each shards the
+    loader itself (batch_size stays per process). Fused AdamW on GPUs only: on CPU both get
+    torch's default, the for-loop implementation, as the reference does."""
+    torch.manual_seed(args.seed)
+    dataset, model = build_mlp(args, torch.device(args.device))
+    loader = DataLoader(
+        dataset, batch_size=args.batch_size, shuffle=True, drop_last=True,
+        pin_memory=args.device == "cuda", **workers(args),
+    )  # fmt: skip
+    fused = args.device == "cuda"
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, fused=fused)
+    return loader, model, optimizer
 
 
 def run_accelerate(args: argparse.Namespace) -> None:
@@ -169,16 +208,7 @@ def run_accelerate(args: argparse.Namespace) -> None:
     accelerator = Accelerator(
         gradient_accumulation_steps=args.grad_accum_steps, cpu=args.device == "cpu", mixed_precision=mixed
     )
-    torch.manual_seed(args.seed)
-    dataset = make_dataset(args.num_samples, args.input_dim, args.num_classes, args.seed)
-    # Accelerate shards a plain DataLoader itself (batch_size stays per process).
-    loader = DataLoader(
-        dataset, batch_size=args.batch_size, shuffle=True, drop_last=True,
-        pin_memory=args.device == "cuda", **workers(args),
-    )  # fmt: skip
-    model = make_model(args)
-    fused = args.device == "cuda"
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, fused=fused)
+    loader, model, optimizer = framework_inputs(args)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     clock = StepClock(args.warmup, args.timed)
     batches = epochs(loader, None)
@@ -191,10 +221,7 @@ def run_accelerate(args: argparse.Namespace) -> None:
             accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-    world = accelerator.num_processes
-    result = clock.result(args.batch_size * args.grad_accum_steps * world)
-    emit({"contender": args.contender, "final_loss": float(loss), **result})
-    drain_and_destroy()
+    finish(args, clock, accelerator.num_processes, loss)
 
 
 def run_fabric(args: argparse.Namespace) -> None:
@@ -204,15 +231,7 @@ def run_fabric(args: argparse.Namespace) -> None:
     precision = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}[args.precision]
     fabric = Fabric(accelerator=args.device, devices=world, strategy="ddp", precision=precision)
     fabric.launch()  # under torchrun: joins the existing processes
-    torch.manual_seed(args.seed)
-    dataset = make_dataset(args.num_samples, args.input_dim, args.num_classes, args.seed)
-    loader = DataLoader(
-        dataset, batch_size=args.batch_size, shuffle=True, drop_last=True,
-        pin_memory=args.device == "cuda", **workers(args),
-    )  # fmt: skip
-    model = make_model(args)
-    fused = args.device == "cuda"
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, fused=fused)
+    loader, model, optimizer = framework_inputs(args)
     model, optimizer = fabric.setup(model, optimizer)
     loader = fabric.setup_dataloaders(loader)  # swaps in a DistributedSampler, moves batches
     clock = StepClock(args.warmup, args.timed)
@@ -226,19 +245,16 @@ def run_fabric(args: argparse.Namespace) -> None:
                 fabric.backward(loss / accum)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    result = clock.result(args.batch_size * accum * fabric.world_size)
-    emit({"contender": args.contender, "final_loss": float(loss), **result})
-    drain_and_destroy()
+    finish(args, clock, fabric.world_size, loss)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    if args.warmup < 1 or args.warmup + args.timed > args.max_steps:
-        raise SystemExit("need 1 <= --warmup and --warmup + --timed <= --max-steps")
-    if args.contender in ("reference", "reference-fused"):
-        run_ddp(args, use_no_sync=True)
-    elif args.contender == "allreduce":
-        run_ddp(args, use_no_sync=False)
+    args = parse_args(build_parser(), argv)
+    if args.contender in ("reference", "reference-fused", "allreduce"):
+        # Fused AdamW: the fastest on GPUs; on CPU only for reference-fused (torch's default
+        # there is the for-loop implementation, which Accelerate and Fabric get too).
+        fused = torch.device(args.device).type == "cuda" or args.contender == "reference-fused"
+        run_ddp(args, build_mlp, fused)
     elif args.contender == "accelerate":
         run_accelerate(args)
     else:
