@@ -8,8 +8,8 @@ trainer itself wrote to OUT_DIR/metrics.jsonl over the timed steps (its own samp
 leaves out logging and checkpoint time, and the share of step time spent waiting for data).
 The project must be importable: PYTHONPATH=<project>/src.
 
-It also times, inside the same run, the trainer's calls that are not training: metrics
-(reduce_metrics, Logger.log), checkpoints (build_state, Checkpointer.save) and evaluation. Their seconds
+It also times, inside the same run, the trainer's calls that are not training (the entries of
+TRAINER_CALLS with a group: metrics, checkpoints and evaluation). Their seconds
 inside the timed window, over the window's other seconds, are the overhead of logging,
 checkpointing and evaluation at the configured intervals: measured in one run, so free of the
 5-15 % that separate runs differ by on a shared machine. (On CPU every op is synchronous, so a
@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .timing import StepClock, Timers, emit
 
@@ -69,31 +69,65 @@ def read_metrics(out_dir: Path, first_step: int, last_step: int) -> dict[str, An
     return out
 
 
-# What is not training: (module, attribute, group) of the generated package.
-SIDE_WORK = (
-    ("metrics", "reduce_metrics", "log"),
-    ("metrics.Logger", "log", "log"),
-    ("checkpoint", "build_state", "checkpoint"),
-    ("checkpoint.Checkpointer", "save", "checkpoint"),  # the stall; the write is a thread
-    ("train", "evaluate", "eval"),
+class TrainerCall(NamedTuple):
+    """A function or method of the generated package that the bench wraps with a timer."""
+
+    owner: str  # a module of the package, or module.Class
+    attr: str
+    label: str  # its line in `python -m bench.profile`
+    group: str | None = None  # its overhead group in `python -m bench`; None: training itself
+    data_wait_from_result: bool = False  # returns (loss, seconds waiting for data)
+
+
+# The trainer's calls the bench times, looked up by name in the rendered package: train.py calls
+# them through their modules and classes, so the wrappers are what it calls. A name the template
+# no longer has stops the run (trainer_call_owner), so that a rename cannot drop a timer unseen.
+TRAINER_CALLS = (
+    TrainerCall(
+        "train", "forward_backward", "forward+backward (incl. DDP all-reduce)", data_wait_from_result=True
+    ),
+    TrainerCall("dist.AgreeLater", "start", "flags: start the background all-reduce"),
+    TrainerCall("dist.AgreeLater", "result", "flags: collect the previous step's all-reduce"),
+    TrainerCall("metrics", "reduce_metrics", "metrics: reduce_metrics (collectives)", "log"),
+    TrainerCall("metrics.Logger", "log", "metrics: write + print", "log"),
+    # Builds the checkpoint's state (a collective). The template is moving this to a method,
+    # checkpoint.TrainState.state_dict, that Checkpointer.save calls itself: then this entry
+    # becomes ("checkpoint.TrainState", "state_dict", "checkpoint: TrainState.state_dict").
+    TrainerCall("checkpoint", "build_state", "checkpoint: build_state", "checkpoint"),
+    TrainerCall(
+        "checkpoint.Checkpointer", "save", "checkpoint: save (stall; the write is a thread)", "checkpoint"
+    ),
+    TrainerCall("train", "evaluate", "evaluate", "eval"),
 )
+GROUPS = ("log", "checkpoint", "eval")
+
+
+def trainer_call_owner(package: str, call: TrainerCall) -> Any:
+    """The module or class of the rendered package that holds `call.attr`."""
+    module_name, _, cls = call.owner.partition(".")
+    owner: Any = importlib.import_module(f"{package}.{module_name}")
+    if cls:
+        owner = getattr(owner, cls, None)
+    if not hasattr(owner, call.attr):
+        raise RuntimeError(
+            f"{package}.{call.owner}.{call.attr} does not exist: the template renamed or removed it;"
+            " update bench.generated.TRAINER_CALLS"
+        )
+    return owner
 
 
 def time_side_work(package: str, timers: Timers) -> None:
-    """Wrap the trainer's logging, checkpoint and evaluation calls with the window's timers
-    (train.py calls them through their modules, so the wrappers are what it calls)."""
-    for owner_path, attr, group in SIDE_WORK:
-        module_name, _, cls = owner_path.partition(".")
-        owner: Any = importlib.import_module(f"{package}.{module_name}")
-        if cls:
-            owner = getattr(owner, cls)
-        timers.wrap(owner, attr, group)
+    """Wrap the trainer's logging, checkpoint and evaluation calls with the window's timers,
+    one timer per group."""
+    for call in TRAINER_CALLS:
+        if call.group is not None:
+            timers.wrap(trainer_call_owner(package, call), call.attr, call.group)
 
 
 def side_work_overhead_pct(timers: Timers, window_s: float) -> dict[str, float]:
     """Per group: 100 x its seconds inside the timed window / the window's other seconds."""
     other = window_s - sum(timers.seconds.values())
-    out = {group: 100 * timers.seconds[group] / other for _, _, group in SIDE_WORK}
+    out = {group: 100 * timers.seconds[group] / other for group in GROUPS}
     out["log_ckpt"] = out["log"] + out["checkpoint"]
     return {f"inrun_overhead_pct_{k}": v for k, v in out.items()}
 

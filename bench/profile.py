@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from .generated import REPO, read_metrics, render
+from .generated import REPO, TRAINER_CALLS, read_metrics, render, trainer_call_owner
 from .harness import save_results
 from .timing import StepClock, Timers, emit, parse
 
@@ -54,25 +54,17 @@ SYNC_METHODS = ("item", "tolist", "__bool__", "__float__", "__int__")
 def worker(args: argparse.Namespace) -> None:
     """Inside torchrun: run the trainer with timers; rank 0 prints the breakdown."""
     train = importlib.import_module(f"{args.package}.train")
-    pkg_dist = importlib.import_module(f"{args.package}.dist")
-    metrics = importlib.import_module(f"{args.package}.metrics")
-    checkpoint = importlib.import_module(f"{args.package}.checkpoint")
     clock = StepClock(args.warmup, args.timed)
     t = Timers(clock, args.warmup, args.timed)
-    t.wrap(train, "forward_backward", "forward+backward (incl. DDP all-reduce)", data_wait_from_result=True)
+    for call in TRAINER_CALLS:
+        owner = trainer_call_owner(args.package, call)
+        t.wrap(owner, call.attr, call.label, data_wait_from_result=call.data_wait_from_result)
     t.wrap(torch.nn.utils, "clip_grad_norm_", "clip_grad_norm_")
-    t.wrap(pkg_dist.AgreeLater, "start", "flags: start the background all-reduce")
-    t.wrap(pkg_dist.AgreeLater, "result", "flags: collect the previous step's all-reduce")
     t.wrap(torch.amp.GradScaler, "step", "optimizer step (AdamW via scaler.step)")
     t.wrap(torch.amp.GradScaler, "update", "scaler.update")
     t.wrap(torch.amp.GradScaler, "unscale_", "scaler.unscale_")
     t.wrap(torch.optim.lr_scheduler.LambdaLR, "step", "scheduler.step")
     t.wrap(torch.optim.Optimizer, "zero_grad", "zero_grad")
-    t.wrap(metrics, "reduce_metrics", "metrics: reduce_metrics (collectives)")
-    t.wrap(metrics.Logger, "log", "metrics: write + print")
-    t.wrap(train, "evaluate", "evaluate")
-    t.wrap(checkpoint, "build_state", "checkpoint: build_state")
-    t.wrap(checkpoint.Checkpointer, "save", "checkpoint: save (stall; the write is a thread)")
     for method in SYNC_METHODS:
         t.count(torch.Tensor, method, f"Tensor.{method}")
     argv = [*WORKLOAD, f"--max-steps={args.warmup + args.timed + 1}", f"--out-dir={args.out_dir}"]
