@@ -91,8 +91,9 @@ TRAINER_CALLS = (
     TrainerCall("metrics", "reduce_metrics", "metrics: reduce_metrics (collectives)", "log"),
     TrainerCall("metrics.Logger", "log", "metrics: write + print", "log"),
     # Builds the checkpoint's state (a collective). The template is moving this to a method,
-    # checkpoint.TrainState.state_dict, that Checkpointer.save calls itself: then this entry
-    # becomes ("checkpoint.TrainState", "state_dict", "checkpoint: TrainState.state_dict").
+    # checkpoint.TrainState.state_dict, that Checkpointer.save calls itself (Timers counts a
+    # nested call once): this entry then becomes
+    # ("checkpoint.TrainState", "state_dict", "checkpoint: TrainState.state_dict", "checkpoint").
     TrainerCall("checkpoint", "build_state", "checkpoint: build_state", "checkpoint"),
     TrainerCall(
         "checkpoint.Checkpointer", "save", "checkpoint: save (stall; the write is a thread)", "checkpoint"
@@ -145,7 +146,7 @@ def main() -> None:
     argv = args.trainer_args[1:] if args.trainer_args[:1] == ["--"] else args.trainer_args
     train = importlib.import_module(f"{args.package}.train")
     clock = StepClock(args.warmup, args.timed)
-    timers = Timers(clock, args.warmup, args.timed)
+    timers = Timers(clock)
     time_side_work(args.package, timers)
     status = train.main([*argv, "--out-dir", str(args.out_dir)])
     if status == 0:

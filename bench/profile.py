@@ -55,7 +55,7 @@ def worker(args: argparse.Namespace) -> None:
     """Inside torchrun: run the trainer with timers; rank 0 prints the breakdown."""
     train = importlib.import_module(f"{args.package}.train")
     clock = StepClock(args.warmup, args.timed)
-    t = Timers(clock, args.warmup, args.timed)
+    t = Timers(clock)
     for call in TRAINER_CALLS:
         owner = trainer_call_owner(args.package, call)
         t.wrap(owner, call.attr, call.label, data_wait_from_result=call.data_wait_from_result)

@@ -96,17 +96,24 @@ class StepClock:
 
 
 class Timers:
-    """Wall time and call counts per component, counted only inside the timed window."""
+    """Wall time and call counts per component, counted only inside the clock's timed window.
 
-    def __init__(self, clock: StepClock, warmup: int, timed: int) -> None:
-        self.clock, self.warmup, self.timed = clock, warmup, timed
+    A wrapped call made inside another (a save that builds the state it writes) counts once: its
+    seconds are its own component's, and not also the caller's. Wrapped calls are expected on
+    one thread, the training loop's.
+    """
+
+    def __init__(self, clock: StepClock) -> None:
+        self.clock = clock
         self.seconds: dict[str, float] = collections.defaultdict(float)
         self.calls: dict[str, int] = collections.defaultdict(int)
         self.syncs: dict[str, int] = collections.defaultdict(int)
+        self._nested: list[float] = []  # per timed call in progress: seconds of timed calls inside it
 
     def active(self) -> bool:
         # Steps warmup+1 .. warmup+timed: after `warmup` optimizer steps, before the window ends.
-        return self.warmup <= len(self.clock.times) < self.warmup + self.timed
+        warmup, timed = self.clock.warmup, self.clock.timed
+        return warmup <= len(self.clock.times) < warmup + timed
 
     def wrap(self, owner: Any, attr: str, name: str, data_wait_from_result: bool = False) -> None:
         original = getattr(owner, attr)
@@ -115,9 +122,16 @@ class Timers:
         def timed(*args: Any, **kwargs: Any) -> Any:
             if not self.active():
                 return original(*args, **kwargs)
+            self._nested.append(0.0)
             started = time.perf_counter()
-            result = original(*args, **kwargs)
-            seconds = time.perf_counter() - started
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                seconds = time.perf_counter() - started
+                inner = self._nested.pop()
+            if self._nested:  # the caller is timed too: this call is not the caller's own time
+                self._nested[-1] += seconds
+            seconds -= inner
             if data_wait_from_result:  # forward_backward returns (loss, seconds waiting for data)
                 self.seconds["data (next(batches))"] += result[1]
                 seconds -= result[1]
