@@ -33,22 +33,16 @@ from typing import Any
 import torch
 
 from .generated import REPO, TRAINER_CALLS, read_metrics, render, trainer_call_owner
-from .harness import save_results
+from .harness import PACKAGE, Workload, environment, fmt, pct, save_results, torchrun
 from .timing import StepClock, Timers, emit, parse
 
-PACKAGE = "benchproj"
-WORKLOAD = [
-    "--input-dim=256",
-    "--hidden-dim=1024",
-    "--depth=3",
-    "--num-classes=10",
-    "--batch-size=32",
-    "--grad-accum-steps=4",
-    "--device=cpu",
-    "--precision=fp32",
-    "--resume=never",
-]
 SYNC_METHODS = ("item", "tolist", "__bool__", "__float__", "__int__")
+
+
+def trainer_flags(w: Workload) -> list[str]:
+    """The generated trainer on the workload of `python -m bench`, at its own default intervals
+    of logging, evaluation and checkpoints."""
+    return [*w.common_flags(), "--resume=never"]
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -67,11 +61,11 @@ def worker(args: argparse.Namespace) -> None:
     t.wrap(torch.optim.Optimizer, "zero_grad", "zero_grad")
     for method in SYNC_METHODS:
         t.count(torch.Tensor, method, f"Tensor.{method}")
-    argv = [*WORKLOAD, f"--max-steps={args.warmup + args.timed + 1}", f"--out-dir={args.out_dir}"]
-    status = train.main([*argv, *args.extra])
+    w = Workload(warmup=args.warmup, timed=args.timed)
+    status = train.main([*trainer_flags(w), f"--out-dir={args.out_dir}", *args.extra])
     if status != 0:
         sys.exit(status)
-    res = clock.result(32 * 4 * int(os.environ.get("WORLD_SIZE", 1)))
+    res = clock.result(w.batch_size * w.grad_accum_steps * int(os.environ.get("WORLD_SIZE", 1)))
     step_ms = 1000 * res["window_s"] / args.timed
     # The timers see steps warmup+1..warmup+timed; the window is the same number of steps,
     # shifted by the part of a step after optimizer.step (close enough for shares).
@@ -91,13 +85,13 @@ def worker(args: argparse.Namespace) -> None:
     )
 
 
-def run_breakdown(project: Path, world_size: int, env: dict[str, str], warmup: int, timed: int) -> dict:
+def run_breakdown(world_size: int, env: dict[str, str], warmup: int, timed: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-prof-") as out:
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={world_size}", "-m", "bench.profile", "--worker",
-            f"--warmup={warmup}", f"--timed={timed}", f"--out-dir={out}",
-        ]  # fmt: skip
+        cmd = torchrun(
+            world_size,
+            "bench.profile",
+            ["--worker", f"--warmup={warmup}", f"--timed={timed}", f"--out-dir={out}"],
+        )
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
     result = parse(done.stdout)
     if result is None:
@@ -107,11 +101,10 @@ def run_breakdown(project: Path, world_size: int, env: dict[str, str], warmup: i
 
 def run_data_wait(world_size: int, workers: int, env: dict[str, str], warmup: int, timed: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-dw-") as out:
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={world_size}", "-m", f"{PACKAGE}.train", *WORKLOAD,
-            f"--max-steps={warmup + timed + 1}", f"--num-workers={workers}", f"--out-dir={out}",
-        ]  # fmt: skip
+        flags = trainer_flags(Workload(warmup=warmup, timed=timed))
+        cmd = torchrun(  # --num-workers: the later flag wins
+            world_size, f"{PACKAGE}.train", [*flags, f"--num-workers={workers}", f"--out-dir={out}"]
+        )
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
         if done.returncode != 0:
             raise RuntimeError(f"data-wait run failed: {done.stderr[-2000:]}")
@@ -142,9 +135,9 @@ def run_py_spy(
         raise RuntimeError("py-spy is not installed (pip install py-spy)")
     with tempfile.TemporaryDirectory(prefix="bench-spy-") as out:
         raw = Path(out) / "profile.txt"
-        cmd = [
+        cmd = [  # --max-steps: the later flag wins
             "py-spy", "record", "--format", "raw", "--rate", "200", "--native", "-o", str(raw), "--",
-            sys.executable, "-m", f"{PACKAGE}.train", *WORKLOAD, f"--max-steps={steps}",
+            sys.executable, "-m", f"{PACKAGE}.train", *trainer_flags(Workload()), f"--max-steps={steps}",
             f"--out-dir={out}/run",
         ]  # fmt: skip
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
@@ -169,7 +162,7 @@ def run_py_spy(
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.splitlines()[0])
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--package", default=PACKAGE, help=argparse.SUPPRESS)
     p.add_argument("--out-dir", help=argparse.SUPPRESS)
@@ -190,15 +183,12 @@ def main() -> None:
     try:
         project = work / "project"
         render(project, PACKAGE)
-        env = {
-            **os.environ,
-            "OMP_NUM_THREADS": str(args.threads),
-            "MKL_NUM_THREADS": str(args.threads),
-            "PYTHONPATH": os.pathsep.join([str(REPO), str(project / "src")]),
-        }
+        # glibc's own malloc (not harness.PIN_MALLOC): the profile shows the trainer as a
+        # user's run has it, page faults included.
+        env = environment(args.threads, project, pin_malloc=False)
         report: dict[str, Any] = {"breakdown": {}, "data_wait": {}, "threads_per_process": args.threads}
         for ws in [] if args.no_breakdown else [int(x) for x in args.world_sizes.split(",")]:
-            b = run_breakdown(project, ws, env, args.warmup, args.timed)
+            b = run_breakdown(ws, env, args.warmup, args.timed)
             report["breakdown"][str(ws)] = b
             print(
                 f"\nW={ws}: {b['step_ms']:.2f} ms per optimizer step ({b['samples_per_sec']:,.0f} samples/s)"
@@ -215,8 +205,8 @@ def main() -> None:
                 report["data_wait"][f"W={ws} workers={workers}"] = d
                 frac, sps = d.get("self_data_wait_frac_median"), d.get("self_samples_per_sec_median")
                 print(
-                    f"  --num-workers {workers}: data wait {100 * frac:.1f}% of step time,"
-                    f" trainer-reported {sps:,.0f} samples/s (median of its metrics lines)"
+                    f"  --num-workers {workers}: data wait {fmt(pct(frac), '.1f')}% of step time,"
+                    f" trainer-reported {fmt(sps, ',.0f')} samples/s (median of its metrics lines)"
                 )
         if args.py_spy:
             views = run_py_spy(project, env, args.py_spy_steps, 20)
