@@ -22,32 +22,32 @@ See bench/README.md for the method.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import importlib.util
 import os
 import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from .generated import render
 from .harness import (
+    OPTIONAL,
     PACKAGE,
     Workload,
     command,
     environment,
     fmt,
     git_state,
-    lm_text,
+    installed,
+    lm_data,
     pct,
     run_one,
     run_rounds,
     save_results,
+    stamp,
     summarize,
-    versions,
 )
 
 ALL_CONTENDERS = (
@@ -60,7 +60,6 @@ ALL_CONTENDERS = (
     "accelerate",
     "fabric",
 )
-OPTIONAL = {"accelerate": "accelerate", "fabric": "lightning"}  # contender -> module it needs
 DESCRIPTIONS = {
     "reference": "hand-written DDP loop, no_sync accumulation (bench/loops.py)",
     "reference-fused": "the reference with AdamW(fused=True), as the generated trainer uses on CPU",
@@ -216,9 +215,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"unknown contender {c!r}; choose from {', '.join(ALL_CONTENDERS)}")
         if w.task == "lm" and c not in LM_CONTENDERS:
             raise SystemExit(f"{c}: not available for --workload lm; choose from {', '.join(LM_CONTENDERS)}")
-        module = OPTIONAL.get(c)
-        if module and importlib.util.find_spec(module) is None:
-            skipped[c] = f"`{module}` is not installed (pip install -e '.[bench]')"
+        if not installed(c):
+            skipped[c] = f"`{OPTIONAL[c]}` is not installed (pip install -e '.[bench]')"
             print(f"notice: skipping {c}: {skipped[c]}", flush=True)
         else:
             contenders.append(c)
@@ -239,12 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         project = work / "project"
         render_s = render(project, PACKAGE, data={"task": w.task})
-        if w.task == "lm":
-            w.data_path, w.token_dir = str(work / "text.txt"), str(work / "tokens")
-            # 512 training windows: every epoch splits into full steps at W=1 and W=2.
-            lm_text(
-                (project / "src" / PACKAGE / "corpus.txt").read_bytes(), w.seq_len, 512, work / "text.txt"
-            )
+        if w.task == "lm":  # 512 training windows: every epoch splits into full steps at W=1 and W=2
+            w = replace(w, **lm_data(project, work, w.seq_len, 512))
         log(f"rendered the working tree's template in {render_s:.2f} s: {project}")
         env = environment(args.threads, project, pin_malloc=not args.no_pin_malloc)
         load_before = os.getloadavg()
@@ -283,8 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
 
     result = {
-        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
+        **stamp("python -m bench", argv),
         "duration_s": time.time() - started,
         "repeats": repeats,
         "world_sizes": world_sizes,
@@ -295,7 +288,6 @@ def main(argv: list[str] | None = None) -> int:
         "descriptions": {c: DESCRIPTIONS[c] for c in contenders},
         "skipped": skipped,
         "machine": {"cpus": os.cpu_count(), "load_avg_before": load_before},
-        "versions": versions(),
         "git": git,
         "summary": summary,
         "summary_cpu": summary_cpu,

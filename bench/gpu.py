@@ -27,8 +27,6 @@ accelerate and fabric (when installed).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import importlib.util
 import shutil
 import subprocess
 import sys
@@ -39,15 +37,17 @@ from typing import Any
 
 from .generated import render
 from .harness import (
+    OPTIONAL,
     PACKAGE,
     Workload,
     environment,
     fmt,
-    lm_text,
+    installed,
+    lm_data,
     run_rounds,
     save_results,
+    stamp,
     summarize,
-    versions,
 )
 
 WORKLOADS = {
@@ -63,7 +63,6 @@ WORKLOADS = {
 }
 LM_WINDOWS = 2048  # training windows of the gpt2 workload's text: 64 steps of 32 per epoch
 LM_CONTENDERS = {"reference", "generated", "generated-quiet", "generated-compile"}
-OPTIONAL = {"accelerate": "accelerate", "fabric": "lightning"}
 TARGETS = {"generated": 0.97, "generated-quiet": 1.00}  # x reference, on every workload
 MATMUL_TARGET = 0.6  # compute workload: generated at >= 0.6 of the matmul rate
 MFU_TARGET = 0.40  # gpt2 workload with --compile: llm.c's GPT-2 124M reaches about 40 % on an H100
@@ -131,13 +130,11 @@ def main(argv: list[str] | None = None) -> int:
             render(project, PACKAGE, data={"task": task})
             envs[task] = environment(threads, project)
             if task == "lm":
-                text = work / "text.txt"
-                corpus = (project / "src" / PACKAGE / "corpus.txt").read_bytes()
                 seq_len = next(w.seq_len for w in workloads.values() if w.task == "lm")
-                lm_text(corpus, seq_len, LM_WINDOWS, text)
+                data = lm_data(project, work, seq_len, LM_WINDOWS)
                 for name, w in workloads.items():
                     if w.task == "lm":
-                        workloads[name] = replace(w, data_path=str(text), token_dir=str(work / "tokens"))
+                        workloads[name] = replace(w, **data)
         peak = matmul_tflops(args.device)
         if peak:
             print(f"bf16 8192^3 matmul: {peak:.0f} TFLOP/s (this run's ceiling)", flush=True)
@@ -154,12 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result = {
-        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": " ".join(["python -m bench.gpu", *(argv if argv is not None else sys.argv[1:])]),
+        **stamp("python -m bench.gpu", argv),
         "matmul_tflops": peak,
         "datasheet_peak_tflops": datasheet,
         "threads_per_process": threads,
-        "versions": versions(),
         "workloads": results,
     }
     path = save_results("gpu", result, args.json)
@@ -187,8 +182,8 @@ def choose_contenders(given: str | None, env: dict[str, str]) -> list[str]:
     contenders = ["reference", "generated", "generated-quiet"]
     if trainer_has_compile(env):
         contenders.append("generated-compile")
-    for name, module in OPTIONAL.items():
-        if importlib.util.find_spec(module) is not None:
+    for name in OPTIONAL:
+        if installed(name):
             contenders.append(name)
         else:
             print(f"note: {name} is not installed; skipped", flush=True)

@@ -10,11 +10,14 @@ not ours, as a share of all cores), so noisy runs can be spotted, waited out or 
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -28,6 +31,8 @@ from .generated import REPO
 from .timing import parse
 
 PACKAGE = "benchproj"  # the package name of the rendered project
+# The contenders that need a package of the optional `bench` extra: contender -> module.
+OPTIONAL = {"accelerate": "accelerate", "fabric": "lightning"}
 
 
 @dataclass
@@ -106,14 +111,24 @@ class Workload:
         ]
 
 
-def lm_text(corpus: bytes, seq_len: int, windows: int, path: Path) -> None:
-    """Write `corpus` repeated, cut to the length that gives exactly `windows` training windows
-    of seq_len + 1 bytes once the trainer holds out its last 10 % (--val-fraction 0.1), so that
-    an epoch splits into full optimizer steps when windows divides by the global batch."""
+def lm_data(project: Path, work: Path, seq_len: int, windows: int) -> dict[str, str]:
+    """Write the rendered lm project's shipped text to work/text.txt, repeated and cut to the
+    length that gives exactly `windows` training windows of seq_len + 1 bytes once the trainer
+    holds out its last 10 % (--val-fraction 0.1), so that an epoch splits into full optimizer
+    steps when windows divides by the global batch. Returns the Workload fields for it."""
+    corpus = (project / "src" / PACKAGE / "corpus.txt").read_bytes()
     length = int((windows * seq_len + 1) / 0.9) + 1
     while (int(length * 0.9) - 1) // seq_len != windows:
         length += 1
+    path = work / "text.txt"
     path.write_bytes((corpus * (length // len(corpus) + 1))[:length])
+    return {"data_path": str(path), "token_dir": str(work / "tokens")}
+
+
+def installed(contender: str) -> bool:
+    """Whether the package a contender needs, if any, can be imported."""
+    module = OPTIONAL.get(contender)
+    return module is None or importlib.util.find_spec(module) is not None
 
 
 def torchrun(world_size: int, module: str, args: list[str]) -> list[str]:
@@ -274,8 +289,6 @@ def run_rounds(
 
 
 def _rmtree(path: Path) -> None:
-    import shutil
-
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -377,14 +390,19 @@ def pct(x: float | None) -> float | None:
     return None if x is None else 100 * x
 
 
-def versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
+def stamp(prog: str, argv: list[str] | None) -> dict[str, Any]:
+    """What heads every results file: when, the command line, and the versions that matter."""
+    versions = {"python": platform.python_version()}
     for dist_name in ("torch", "accelerate", "lightning", "copier"):
         try:
-            out[dist_name] = importlib.metadata.version(dist_name)
+            versions[dist_name] = importlib.metadata.version(dist_name)
         except importlib.metadata.PackageNotFoundError:
             pass
-    return out
+    return {
+        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": " ".join([prog, *(argv if argv is not None else sys.argv[1:])]),
+        "versions": versions,
+    }
 
 
 def git_state() -> dict[str, Any]:

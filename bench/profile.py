@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from .generated import REPO, TRAINER_CALLS, read_metrics, render, trainer_call_owner
-from .harness import PACKAGE, Workload, environment, fmt, pct, save_results, torchrun
+from .harness import PACKAGE, Workload, environment, fmt, pct, save_results, stamp, torchrun
 from .timing import StepClock, Timers, emit, parse
 
 SYNC_METHODS = ("item", "tolist", "__bool__", "__float__", "__int__")
@@ -186,7 +186,12 @@ def main() -> None:
         # glibc's own malloc (not harness.PIN_MALLOC): the profile shows the trainer as a
         # user's run has it, page faults included.
         env = environment(args.threads, project, pin_malloc=False)
-        report: dict[str, Any] = {"breakdown": {}, "data_wait": {}, "threads_per_process": args.threads}
+        report: dict[str, Any] = {
+            **stamp("python -m bench.profile", None),
+            "breakdown": {},
+            "data_wait": {},
+            "threads_per_process": args.threads,
+        }
         for ws in [] if args.no_breakdown else [int(x) for x in args.world_sizes.split(",")]:
             b = run_breakdown(ws, env, args.warmup, args.timed)
             report["breakdown"][str(ws)] = b
