@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Generated trainer vs hand-written DDP, Accelerate and Fabric on one CUDA GPU (bf16): samples/s,
-# TFLOP/s and the share of a bf16 matmul's rate, for a launch-bound and a compute-bound workload.
+# TFLOP/s and the share of a bf16 matmul's rate, on launch-bound, compute-bound and GPT-2-shaped
+# workloads.
 # About 10 minutes on an H200 with 2 rounds.
 #
-#   bash bench/gpu.sh                          # both workloads, every available contender
+#   bash bench/gpu.sh                          # every workload, every available contender
 #   bash bench/gpu.sh --repeats 3 --workloads compute    # any flag of `python -m bench.gpu --help`
 #
 # Needs an NVIDIA GPU and a Python with the CUDA build of torch (PYTHON=/path/to/python picks
