@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import resource
 import shutil
 import statistics
@@ -215,6 +216,13 @@ def wait_quiet(max_wait: float, threshold: float = 0.1) -> float:
     return time.perf_counter() - started
 
 
+def first_exception(stderr: str) -> str | None:
+    """The first `SomeError: message` line of a failed launch: a worker's exception, where the
+    last lines are torchrun's summary of the failure."""
+    raised = re.search(r"^\w[\w.]*(Error|Exception): .*$", stderr, re.MULTILINE)
+    return raised.group(0) if raised else None
+
+
 def run_one(cmd: list[str], env: dict[str, str], timeout: float) -> dict[str, Any]:
     """Run one contender; its result line plus wall time, exit status and foreign load."""
     busy0, ours0 = _busy_seconds(), _our_seconds()
@@ -232,7 +240,8 @@ def run_one(cmd: list[str], env: dict[str, str], timeout: float) -> dict[str, An
     result = parse(done.stdout)
     if result is None:
         lines = done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["no output"]
-        record["error"] = f"exit {done.returncode}, no result: {lines[-1][-300:]}"
+        reason = first_exception(done.stderr) or lines[-1]
+        record["error"] = f"exit {done.returncode}, no result: {reason[-300:]}"
         record["stderr_tail"] = done.stderr[-3000:]
     else:
         record.update(result)

@@ -33,7 +33,17 @@ from typing import Any
 import torch
 
 from .generated import REPO, TRAINER_CALLS, read_metrics, render, trainer_call_owner
-from .harness import PACKAGE, Workload, environment, fmt, pct, save_results, stamp, torchrun
+from .harness import (
+    PACKAGE,
+    Workload,
+    environment,
+    first_exception,
+    fmt,
+    pct,
+    save_results,
+    stamp,
+    torchrun,
+)
 from .timing import StepClock, Timers, emit, parse
 
 SYNC_METHODS = ("item", "tolist", "__bool__", "__float__", "__int__")
@@ -95,7 +105,7 @@ def run_breakdown(world_size: int, env: dict[str, str], warmup: int, timed: int)
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
     result = parse(done.stdout)
     if result is None:
-        raise RuntimeError(f"profile run failed: {done.stderr[-2000:]}")
+        raise RuntimeError(f"profile run failed: {first_exception(done.stderr)}\n{done.stderr[-2000:]}")
     return result
 
 
@@ -107,7 +117,7 @@ def run_data_wait(world_size: int, workers: int, env: dict[str, str], warmup: in
         )
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
         if done.returncode != 0:
-            raise RuntimeError(f"data-wait run failed: {done.stderr[-2000:]}")
+            raise RuntimeError(f"data-wait run failed: {first_exception(done.stderr)}\n{done.stderr[-2000:]}")
         return read_metrics(Path(out), warmup, warmup + timed)
 
 
