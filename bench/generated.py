@@ -90,11 +90,9 @@ TRAINER_CALLS = (
     TrainerCall("dist.AgreeLater", "result", "flags: collect the previous step's all-reduce"),
     TrainerCall("metrics", "reduce_metrics", "metrics: reduce_metrics (collectives)", "log"),
     TrainerCall("metrics.Logger", "log", "metrics: write + print", "log"),
-    # Builds the checkpoint's state (a collective). The template is moving this to a method,
-    # checkpoint.TrainState.state_dict, that Checkpointer.save calls itself (Timers counts a
-    # nested call once): this entry then becomes
-    # ("checkpoint.TrainState", "state_dict", "checkpoint: TrainState.state_dict", "checkpoint").
-    TrainerCall("checkpoint", "build_state", "checkpoint: build_state", "checkpoint"),
+    # Builds the checkpoint's state (a collective); Checkpointer.save calls it itself, and
+    # Timers counts a nested call once.
+    TrainerCall("checkpoint.TrainState", "state_dict", "checkpoint: TrainState.state_dict", "checkpoint"),
     TrainerCall(
         "checkpoint.Checkpointer", "save", "checkpoint: save (stall; the write is a thread)", "checkpoint"
     ),
