@@ -84,3 +84,20 @@ def run(cmd: list[str | Path], cwd: Path, timeout: float = 600, **env: str) -> s
 
 def python(*args: str | Path) -> list[str | Path]:
     return [sys.executable, *args]
+
+
+def write_template(directory: Path, questions: str, **files: str) -> Path:
+    """A throwaway copier template: copier.yml holding `questions`, and `files` by name
+    (dots as in the file name: `write_template(d, q, **{"bad.txt.jinja": "..."})`)."""
+    directory.mkdir(parents=True)
+    (directory / "copier.yml").write_text(questions)
+    for name, text in files.items():
+        (directory / name).write_text(text)
+    return directory
+
+
+def work_dir(tmp_path: Path) -> Path:
+    """An empty directory to run the CLI in."""
+    work = tmp_path / "work"
+    work.mkdir()
+    return work

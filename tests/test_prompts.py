@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, answers_of
+from conftest import REPO, answers_of, work_dir, write_template
 
 pexpect = pytest.importorskip("pexpect")
 pytestmark = pytest.mark.skipif(os.name == "nt", reason="pseudo-terminals are POSIX")
@@ -107,12 +107,9 @@ def test_bad_name_is_refused_before_any_question(tmp_path: Path) -> None:
 
 def test_ctrl_c_at_a_third_party_templates_prompt(tmp_path: Path) -> None:
     """Other templates keep copier's own prompts; Ctrl-C there is one line and 130 too."""
-    template = tmp_path / "tpl"
-    template.mkdir()
-    (template / "copier.yml").write_text("project_name:\n  type: str\ncolour:\n  type: str\n  help: Colour\n")
-    (template / "README.md.jinja").write_text("{{ colour }}\n")
-    work = tmp_path / "work"
-    work.mkdir()
+    questions = "project_name:\n  type: str\ncolour:\n  type: str\n  help: Colour\n"
+    template = write_template(tmp_path / "tpl", questions, **{"README.md.jinja": "{{ colour }}\n"})
+    work = work_dir(tmp_path)
     child = spawn("proj", "--template", template, cwd=work)
     child.expect_exact("Colour")
     child.sendcontrol("c")

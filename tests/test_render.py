@@ -105,7 +105,7 @@ def test_answers_reach_the_code(project: Path) -> None:
     answers = answers_of(project)
     config = (project / "src" / answers["package_name"] / "config.py").read_text()
     assert f'"{answers["precision"]}"' in config
-    assert f'strategy: str = option("{answers["strategy"]}"' in config
+    assert re.search(rf'strategy: str = option\(\s*"{answers["strategy"]}"', config), config
     assert re.search(rf"grad_accum_steps: int = (option\()?{answers['grad_accum_steps']}\b", config)
     pyproject = (project / "pyproject.toml").read_text()
     assert f'requires-python = ">={answers["python_version"]}"' in pyproject

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, work_dir
 
 pytestmark = pytest.mark.slow
 
@@ -34,8 +34,7 @@ def test_wheel_renders_without_the_source_tree(tmp_path: Path) -> None:
     bin_dir = env_dir / "bin"
     sh([bin_dir / "python", "-m", "pip", "install", "-q", wheel], cwd=tmp_path)
 
-    work = tmp_path / "work"
-    work.mkdir()
+    work = work_dir(tmp_path)
     clean_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     clean_env["PATH"] = f"{bin_dir}{os.pathsep}{clean_env['PATH']}"
     sh([bin_dir / "ddp-new", "demo", "--defaults"], cwd=work, env=clean_env)

@@ -32,6 +32,7 @@ from helpers import (
     max_difference,
     read_metrics,
     same_parameters,
+    saved_steps,
     training_env,
     wait_for_steps,
 )
@@ -79,11 +80,6 @@ def run(cmd: list[str]) -> tuple[int, str, float]:
 def rank_exit_codes(output: str) -> set[str]:
     """The exit statuses of the ranks in torchrun's failure report."""
     return set(re.findall(r"exitcode\s*:\s*(-?\d+)", output))
-
-
-def saved_steps(out_dir: Path) -> list[int]:
-    paths = (out_dir / "checkpoints").glob("step_*.pt")
-    return sorted(int(path.stem.removeprefix("step_")) for path in paths)
 
 
 def test_killed_rank_is_restarted_and_the_result_is_unchanged(
