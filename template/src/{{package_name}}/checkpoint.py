@@ -1,8 +1,9 @@
 """Checkpoints: OUT_DIR/checkpoints/step_<8-digit step>.pt, written by rank 0 only.
 
-`step_N.pt` holds the state after N optimizer steps: the model (a plain state_dict, without
-DDP's `module.` prefix), optimizer, LR scheduler, GradScaler, the data position (epoch and
-samples consumed in it), the RNG states of every rank, the config, world size and versions.
+`step_N.pt` holds the state after N optimizer steps (TrainState.state_dict): the model (a
+plain state_dict, without DDP's `module.` prefix), optimizer, LR scheduler, GradScaler, the
+data position (epoch and samples consumed in it), the RNG states of every rank; and the
+config, world size and versions.
 Only plain types and tensors go in, so it loads with `torch.load(..., weights_only=True)`.
 Under --strategy fsdp the model and optimizer go into a directory of shards next to it,
 step_N.dcp/, which the .pt file completes (sharded.py).
@@ -300,7 +301,7 @@ def load(path: Path, device: torch.device) -> dict[str, Any]:
     """Load a checkpoint onto this rank's device; weights_only refuses arbitrary objects.
 
     A sharded one (FSDP) gets `model` as shapes only (on the meta device), for the checks of
-    resume.py, and `shards`, the directory that restore() reads the tensors from.
+    resume.py, and `shards`, the directory that TrainState.load_state_dict reads them from.
     """
     state = torch.load(path, map_location=device, weights_only=True)
     if isinstance(state, dict) and state.get("sharded"):
