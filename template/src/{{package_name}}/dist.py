@@ -245,11 +245,6 @@ def sum_(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def mean_(tensor: torch.Tensor) -> torch.Tensor:
-    """Average a tensor over all ranks, in place (gloo has no AVG, so sum and divide)."""
-    return sum_(tensor).div_(torch_dist.get_world_size())
-
-
 def max_(tensor: torch.Tensor) -> torch.Tensor:
     """Element-wise maximum over all ranks, in place."""
     torch_dist.all_reduce(tensor, op=torch_dist.ReduceOp.MAX)
