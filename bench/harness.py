@@ -154,18 +154,23 @@ GENERATED_VARIANTS = {
 }
 
 
+def trainer_flags(w: Workload) -> list[str]:
+    """The generated trainer's flags on workload `w`, at its default intervals but one.
+
+    The trainer saves every 1000 steps or 30 minutes by default; the bench saves once in its
+    100-step window (a harsher case), so the window holds a checkpoint as well as an eval.
+    """
+    flags = [*w.common_flags(), "--resume=never", "--ckpt-every=100"]
+    return flags + ([f"--token-dir={w.token_dir}"] if w.task == "lm" else [])
+
+
 def command(contender: str, world_size: int, w: Workload, out_dir: Path) -> list[str]:
     """The launch command of one contender run."""
     if not contender.startswith("generated"):
         timing = [f"--warmup={w.warmup}", f"--timed={w.timed}"]
         module = "bench.lm_loop" if w.task == "lm" else "bench.loops"
         return torchrun(world_size, module, [f"--contender={contender}", *w.common_flags(), *timing])
-    # The trainer saves every 1000 steps or 30 minutes by default; the bench saves once in its
-    # 100-step window (a harsher case), so the window holds a checkpoint as well as an eval.
-    trainer = [*w.common_flags(), "--resume=never", "--ckpt-every=100"]
-    if w.task == "lm":
-        trainer += [f"--token-dir={w.token_dir}"]
-    trainer += GENERATED_VARIANTS[contender]  # the later flag wins
+    trainer = [*trainer_flags(w), *GENERATED_VARIANTS[contender]]  # the later flag wins
     runner = [
         f"--package={PACKAGE}",
         f"--label={contender}",

@@ -43,16 +43,11 @@ from .harness import (
     save_results,
     stamp,
     torchrun,
+    trainer_flags,
 )
 from .timing import StepClock, Timers, emit, parse
 
 SYNC_METHODS = ("item", "tolist", "__bool__", "__float__", "__int__")
-
-
-def trainer_flags(w: Workload) -> list[str]:
-    """The generated trainer on the workload of `python -m bench`, at its own default intervals
-    of logging, evaluation and checkpoints."""
-    return [*w.common_flags(), "--resume=never"]
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -64,8 +59,8 @@ def worker(args: argparse.Namespace) -> None:
         owner = trainer_call_owner(args.package, call)
         t.wrap(owner, call.attr, call.label, data_wait_from_result=call.data_wait_from_result)
     t.wrap(torch.nn.utils, "clip_grad_norm_", "clip_grad_norm_")
-    t.wrap(torch.amp.GradScaler, "step", "optimizer step (AdamW via scaler.step)")
-    t.wrap(torch.amp.GradScaler, "update", "scaler.update")
+    # The update as the trainer applies it: the fused AdamW step, or scaler.step + update (fp16).
+    t.wrap(train, "apply_update", "optimizer step (train.apply_update)")
     t.wrap(torch.amp.GradScaler, "unscale_", "scaler.unscale_")
     t.wrap(torch.optim.lr_scheduler.LambdaLR, "step", "scheduler.step")
     t.wrap(torch.optim.Optimizer, "zero_grad", "zero_grad")
