@@ -192,7 +192,8 @@ class Checkpointer:
         payload = state.state_dict()
         payload["config"] = asdict(self.cfg)
         payload["versions"] = {"torch": str(torch.__version__), "python": platform.python_version()}
-        step, path = state.progress.step, checkpoint_path(self.cfg.out_dir, state.progress.step)
+        step = state.progress.step
+        path = checkpoint_path(self.cfg.out_dir, step)
         if payload["sharded"]:
             problem = None
             try:

@@ -206,16 +206,16 @@ def fail(err: BaseException, env: DistEnv, timeout_s: int) -> NoReturn:
     os._exit(1)
 
 
+def rank() -> int:
+    """This process's global rank: the group's, or torchrun's RANK before the group exists."""
+    if torch_dist.is_initialized():
+        return torch_dist.get_rank()
+    return int(os.environ.get("RANK", 0))
+
+
 def is_main() -> bool:
     """True on global rank 0, the only process that prints, logs and writes files."""
-    if torch_dist.is_initialized():
-        return torch_dist.get_rank() == 0
-    return int(os.environ.get("RANK", 0)) == 0
-
-
-def rank() -> int:
-    """This process's global rank (0 before the group exists)."""
-    return torch_dist.get_rank() if torch_dist.is_initialized() else 0
+    return rank() == 0
 
 
 def world_size() -> int:
