@@ -2,9 +2,9 @@
 
 A run owns its --out-dir: two runs writing there would delete, overwrite or mix each other's
 checkpoints and metrics. So rank 0 holds OUT_DIR/run.lock while the run lasts. The file is JSON
-(host, pid, start time, torchrun's run id and restart count, SLURM's job id and restart count)
-and its modification time is a heartbeat, refreshed every HEARTBEAT_S seconds by a background
-thread. A second run on the same --out-dir is refused with exit status 2:
+(host, pid, when the process started, torchrun's run id and restart count, SLURM's job id and
+restart count) and its modification time is a heartbeat, refreshed every HEARTBEAT_S seconds by
+a background thread. A second run on the same --out-dir is refused with exit status 2:
 
     error: --out-dir runs/x is in use by another run (host h1, pid 1234, started ...); wait
     for it to finish or use another --out-dir
@@ -12,11 +12,18 @@ thread. A second run on the same --out-dir is refused with exit status 2:
 The lock is removed at every exit rank 0 lives to see (0, 1, 2, 143, a crash). A lock left by
 a run that could not remove it (SIGKILL, a lost node) is stale, and the next run takes it over
 with a warning, when:
-- its process is gone (same host and pid namespace: the pid no longer exists);
-- its heartbeat is older than STALE_AFTER_S (another host that died; clocks must agree to
-  within a minute);
 - it belongs to an earlier attempt of this job: the same torchrun run id with a lower restart
-  count (torchrun --max-restarts), or the same SLURM job with a lower restart count (requeued).
+  count (torchrun --max-restarts), or the same SLURM job with a lower restart count (requeued);
+- its process is gone (same host and pid namespace): the pid no longer exists, or belongs to
+  another process (the boot id and start time in /proc/PID/stat differ from those recorded).
+  A process that still runs keeps its lock whatever its heartbeat says: stopped with Ctrl-Z
+  or SIGSTOP, it writes again once continued. Where there is no /proc, the heartbeat decides;
+- its heartbeat is older than STALE_AFTER_S (another host that died; clocks must agree to
+  within a minute).
+
+A run whose lock was taken over (its host seemed dead for STALE_AFTER_S) or removed must not
+write beside the new owner: rank 0 asks RunLock.lost() right before each write to OUT_DIR, and
+stops if it returns a reason.
 """
 
 import json
@@ -46,6 +53,7 @@ def this_process() -> dict[str, Any]:
         "host": socket.gethostname(),
         "pid_namespace": _pid_namespace(),
         "pid": os.getpid(),
+        "process_start": process_start(os.getpid()),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "heartbeat_s": HEARTBEAT_S,  # the file's modification time is refreshed this often
     }
@@ -65,6 +73,19 @@ def _pid_namespace() -> str:
         return ""  # not Linux: the host name alone
 
 
+def process_start(pid: int) -> str | None:
+    """When process `pid` started ("BOOT_ID TICKS", from Linux's /proc): a process that is later
+    given the same pid, or any process after a reboot, has another. None if it does not run
+    (gone, or a zombie), or where there is no /proc to tell."""
+    try:
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    state, *fields = stat.rpartition(")")[2].split()  # after "pid (command)", which may hold ")"
+    return None if state in ("Z", "X") else f"{boot_id} {fields[18]}"  # field 22: starttime
+
+
 def read_lock(path: Path) -> tuple[dict[str, Any] | None, float] | None:
     """The lock's holder (None if unreadable) and its heartbeat's age in s; None if no lock."""
     try:
@@ -79,25 +100,25 @@ def read_lock(path: Path) -> tuple[dict[str, Any] | None, float] | None:
 
 def stale_reason(holder: dict[str, Any] | None, age: float, me: dict[str, Any]) -> str | None:
     """Why a lock is stale (its holder is surely gone), or None if it may be running."""
-    if age > STALE_AFTER_S:
-        return f"no heartbeat for {age:.0f} s"
+    heartbeat_stopped = f"no heartbeat for {age:.0f} s" if age > STALE_AFTER_S else None
     if holder is None:
-        return None  # being written, or damaged: judged by its heartbeat alone
-    same_host = (holder.get("host"), holder.get("pid_namespace")) == (
-        me["host"],
-        me["pid_namespace"],
-    )
-    if same_host and holder.get("pid") == me["pid"]:
-        return "left by an earlier run in this process"
-    if same_host and not _pid_exists(holder.get("pid")):
-        return f"process {holder.get('pid')} is gone"
+        return heartbeat_stopped  # being written, or damaged: judged by its heartbeat alone
     for job, attempt, what in (
         ("torchelastic_run_id", "torchelastic_restart_count", "torchrun restarted this job"),
         ("slurm_job_id", "slurm_restart_count", "SLURM requeued this job"),
     ):
         if job in me and holder.get(job) == me[job] and holder.get(attempt, 0) < me[attempt]:
             return what
-    return None
+    pid = holder.get("pid")
+    if (holder.get("host"), holder.get("pid_namespace")) == (me["host"], me["pid_namespace"]):
+        if pid == me["pid"]:
+            return "left by an earlier run in this process"
+        if not _pid_exists(pid):
+            return f"process {pid} is gone"
+        recorded, now = holder.get("process_start"), process_start(pid)
+        if recorded and now:  # /proc on both sides: the very process that took the lock?
+            return None if now == recorded else f"process {pid} is gone (its pid was reused)"
+    return heartbeat_stopped
 
 
 def _pid_exists(pid: Any) -> bool:
@@ -112,13 +133,16 @@ def _pid_exists(pid: Any) -> bool:
     return True
 
 
+def describe(holder: dict[str, Any] | None) -> str:
+    if holder is None:
+        return "unreadable lock file"
+    return f"host {holder.get('host')}, pid {holder.get('pid')}, started {holder.get('started')}"
+
+
 def in_use_message(out_dir: str, holder: dict[str, Any] | None) -> str:
-    who = "unreadable lock file"
-    if holder is not None:
-        who = f"host {holder.get('host')}, pid {holder.get('pid')}, started {holder.get('started')}"
     return (
-        f"--out-dir {out_dir} is in use by another run ({who}); wait for it to finish or use"
-        " another --out-dir"
+        f"--out-dir {out_dir} is in use by another run ({describe(holder)}); wait for it to"
+        " finish or use another --out-dir"
     )
 
 
@@ -154,6 +178,7 @@ class RunLock:
         self.out_dir, self.is_main, self.snapshot = out_dir, is_main, snapshot
         self.path = lock_path(out_dir)
         self.content = ""  # what this process wrote, while it holds the lock
+        self._lost: str | None = None  # once lost, a lock stays lost
         self._stop = threading.Event()
 
     def acquire(self) -> bool:
@@ -216,12 +241,34 @@ class RunLock:
         if found is not None and found[0] == holder:
             self.path.unlink(missing_ok=True)
 
+    def lost(self) -> str | None:
+        """Rank 0, right before each write to OUT_DIR: why this run no longer holds its lock
+        (taken over, or removed), or None while it does. One small read; safe from any thread.
+        """
+        content = self.content  # read once: release() may clear it meanwhile
+        if self._lost or not content:
+            return self._lost
+        try:
+            if self.path.read_text() == content:
+                return None
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return None  # the file system's trouble, not another run's: the write will tell
+        found = read_lock(self.path)  # another run's (holder, heartbeat age), or None: removed
+        if found is None:
+            self._lost = f"{self.path} was removed"
+        else:
+            self._lost = f"{self.path} was taken over by another run ({describe(found[0])})"
+        return self._lost
+
     def _heartbeat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
+        """Refresh the heartbeat until released, or until the lock is lost: never another's."""
+        while not self._stop.wait(HEARTBEAT_S) and self.lost() is None:
             try:
                 os.utime(self.path)
             except OSError:
-                return  # removed: nothing left to keep alive
+                pass  # removed meanwhile: lost() says so next time
 
     def release(self) -> None:
         """Remove the lock if this process holds it; never raises (runs on the way out)."""
