@@ -17,8 +17,9 @@ mid-write leaves the previous checkpoint as the newest readable one.
 
 Rotation keeps the checkpoint just written and the newest --keep-last - 1 before it, and
 leaves later steps alone. A save that fails (a full disk, say) leaves no partial file behind;
-the ranks learn it at the next save, or at the end of the run, and all of them stop there
-with one line saying which checkpoint is left (SaveError).
+the ranks learn it at the next step that logs, or at the next save, or at the end of the run,
+and all of them stop there with one line saying which checkpoint is left. A run whose
+run.lock another run has taken over (lock.py) writes and deletes nothing more.
 """
 
 import os
@@ -33,13 +34,11 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 
 from . import dist, optim, sharded, strategy
 from .config import TrainConfig
-
-
-class SaveError(Exception):
-    """A checkpoint could not be written; the message says why and which one is kept."""
+from .lock import RunLock
 
 
 @dataclass
@@ -159,18 +158,19 @@ def step_of(path: Path) -> int:
 
 
 class Checkpointer:
-    """Writes checkpoints in the background on rank 0; every rank calls save() and wait().
+    """Writes checkpoints in the background on rank 0; every rank calls save().
 
     save() returns after the state has been copied off the device: the seconds it took are the
     training stall of that save, reported in metrics.jsonl (ckpt_stall_s). The write itself
-    (pickling, the disk, fsync) runs on a thread, overlapped with the next steps.
+    (pickling, the disk, fsync) runs on a thread, overlapped with the next steps. A write that
+    failed leaves `problem` set on rank 0, which the training loop tells every rank.
     """
 
-    def __init__(self, cfg: TrainConfig, is_main: bool) -> None:
-        self.cfg, self.is_main = cfg, is_main
+    def __init__(self, cfg: TrainConfig, is_main: bool, run_lock: RunLock | None = None) -> None:
+        self.cfg, self.is_main, self.run_lock = cfg, is_main, run_lock
         self._thread: threading.Thread | None = None
         self._writing: Path | None = None  # the checkpoint being written
-        self._problem: str | None = None  # why the last write failed
+        self.problem: str | None = None  # why the last write failed (rank 0), once it has
         self._pinned: dict[str, torch.Tensor] = {}  # host buffers, reused by every save
         self._last_save = time.monotonic()
 
@@ -188,7 +188,7 @@ class Checkpointer:
         """
         started = time.perf_counter()
         self._last_save = time.monotonic()
-        self.wait()  # one save in flight at most; raises SaveError if the last one failed
+        self.wait()  # one save in flight at most
         payload = state.state_dict()
         payload["config"] = asdict(self.cfg)
         payload["versions"] = {"torch": str(torch.__version__), "python": platform.python_version()}
@@ -198,13 +198,10 @@ class Checkpointer:
             problem = None
             try:
                 sharded.save(state.model, state.optimizer, path)
-            except Exception as err:  # DCP raises the same failure on every rank
-                cause = err if isinstance(err, OSError) else OSError(_first_line(err))
-                problem = save_problem(cause, step, sharded.shard_dir(path))
-            problem = dist.all_gather_object(problem)[0]
-            if problem:
-                raise SaveError(problem)
-        if self.is_main:
+            except (Exception, CheckpointException) as err:  # not an Exception: DCP's own
+                problem = save_problem(err, step, sharded.shard_dir(path))
+            self.problem = next(filter(None, dist.all_gather_object(problem)), self.problem)
+        if self.is_main and not self.problem:  # every rank built the payload: a collective
             staged, copied = self._stage(payload), None
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 copied = torch.cuda.Event()  # marks the end of the copies queued above
@@ -217,14 +214,10 @@ class Checkpointer:
         return time.perf_counter() - started
 
     def wait(self) -> None:
-        """Wait until the save in flight is on disk. A collective: all ranks raise SaveError
-        together if it failed, instead of rank 0 alone with a traceback."""
+        """Wait until the save in flight is on disk, or has failed (`problem`)."""
         if self._thread is not None:
             self._thread.join()
             self._thread, self._writing = None, None
-        problem = dist.all_gather_object(self._problem)[0]  # rank 0's outcome; also a barrier
-        if problem:
-            raise SaveError(problem)
 
     def abandon(self) -> None:
         """Stop at once (a second Ctrl-C): remove the file being written, wait for nothing.
@@ -253,11 +246,15 @@ class Checkpointer:
     def _write(self, state: dict[str, Any], copied: torch.cuda.Event | None, path: Path) -> None:
         if copied is not None:
             copied.synchronize()  # this thread waits for the copies; training does not
+        if self._lost(f"step {state['step']} was not saved"):
+            return
         try:
             _write_atomic(state, path)
-        except OSError as err:  # no space left, a quota, permissions, a lost mount
-            self._problem = save_problem(err, state["step"], path)
+        except Exception as err:  # a full disk (torch.save raises RuntimeError), a quota, ...
+            self.problem = save_problem(err, state["step"], path)
             _remove(sharded.shard_dir(path))  # FSDP: shards that no .pt will complete
+            return
+        if self._lost(f"step {state['step']} was saved, no older one deleted"):
             return
         # Delete old checkpoints only now that the new one is safely on disk, and never the
         # new one: keep it and the newest keep_last - 1 before it. Later steps are left alone
@@ -269,14 +266,40 @@ class Checkpointer:
             _remove(old)
             _remove(sharded.shard_dir(old))  # FSDP: after its .pt, which completes it
 
+    def _lost(self, what: str) -> bool:
+        """Has another run taken over OUT_DIR (lock.py)? Then note why, with `what` happened."""
+        lost = self.run_lock.lost() if self.run_lock else None
+        if lost:
+            self.problem = f"{lost}; {what}"
+        return bool(lost)
 
-def save_problem(err: OSError, step: int, path: Path) -> str:
-    """'no space left on device while saving step 8 to PATH; kept step 4': one line."""
-    why = err.strerror or str(err)  # "No space left on device" (ENOSPC), without the path
-    kept = [p for p in list_checkpoints(path.parent) if p != path][:1]
-    return f"{why[:1].lower()}{why[1:]} while saving step {step} to {path}; " + (
-        f"kept step {step_of(kept[0])}" if kept else "no checkpoint kept"
-    )
+
+def save_problem(err: BaseException, step: int, path: Path) -> str:
+    """'no space left on device while saving step 8 to PATH': one line."""
+    why = os_error_text(err)
+    return f"{why[:1].lower()}{why[1:]} while saving step {step} to {path}"
+
+
+def os_error_text(err: BaseException) -> str:
+    """What went wrong, without a traceback: 'No space left on device' for a full disk.
+
+    torch.save reports a full disk as RuntimeError ("PytorchStreamWriter failed writing
+    file"), whose cause or context is the OSError of the write itself: name that.
+    """
+    seen: BaseException | None = err
+    while seen is not None and not isinstance(seen, OSError):
+        seen = seen.__cause__ or seen.__context__
+    if seen is not None and seen.strerror:
+        return seen.strerror
+    return _first_line(err)
+
+
+def newest_note(out_dir: str) -> str:
+    """'the newest checkpoint is step 10 (PATH)': what a rerun resumes from."""
+    newest = list_checkpoints(Path(out_dir) / "checkpoints")[:1]
+    if not newest:
+        return "no checkpoint was saved"
+    return f"the newest checkpoint is step {step_of(newest[0])} ({newest[0]})"
 
 
 def _write_atomic(state: dict[str, Any], path: Path) -> None:
@@ -290,7 +313,7 @@ def _write_atomic(state: dict[str, Any], path: Path) -> None:
             os.fsync(file.fileno())  # the bytes are on disk before the name points at them
         os.replace(tmp, path)  # atomic: readers see the old name or the complete new file
     except BaseException:  # a full disk, say: leave no partial file behind
-        tmp.unlink(missing_ok=True)
+        _remove(tmp)
         raise
     if os.name == "posix":  # make the rename itself durable
         directory = os.open(path.parent, os.O_RDONLY)
@@ -346,13 +369,17 @@ def _set_rng_state(rng: dict[str, Any], device: torch.device) -> None:
 
 
 def _remove(path: Path) -> None:
-    """Delete a file or a directory (of shards) if it exists."""
+    """Delete a file or a directory (of shards) if it exists. Cleaning up is best effort: a
+    file that cannot be deleted (a read-only directory) stays, and the run goes on."""
     if path.is_dir():
         shutil.rmtree(path, ignore_errors=True)
     else:
-        path.unlink(missing_ok=True)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
-def _first_line(err: Exception) -> str:
+def _first_line(err: BaseException) -> str:
     lines = str(err).strip().splitlines()
     return lines[0] if lines else type(err).__name__

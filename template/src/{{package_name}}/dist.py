@@ -311,6 +311,14 @@ def all_gather_object(obj: Any) -> list[Any]:
     return gathered
 
 
+def from_main(obj: Any) -> Any:
+    """Rank 0's `obj` (picklable), on every rank: what rank 0 alone knows, such as how its
+    writes went. A collective, over the host group."""
+    box = [obj]
+    torch_dist.broadcast_object_list(box, src=0, group=host_group())
+    return box[0]
+
+
 def check_same_on_all_ranks(description: str, value: str) -> None:
     """Fail fast, instead of hanging later, when ranks disagree (e.g. on config or data)."""
     digest = hashlib.sha256(value.encode()).hexdigest()[:12]

@@ -1,7 +1,8 @@
 """How each rank reads its share of a dataset: the same for every task.
 
 Training: ResumableSampler deals each epoch's shuffled samples out to the ranks (disjoint
-shards, no padding) and can start part way through an epoch, which exact resume needs.
+shards, no padding) in whole global batches, and can start part way through an epoch, which
+exact resume needs.
 Evaluation: every rank reads an unpadded shard in order (eval_shard), so no sample is counted
 twice. A dataset may return a whole micro-batch at once from `__getitems__(indices)` as a
 Batch: one gather instead of B per-sample reads and a collate of B small tensors, which made
@@ -28,22 +29,28 @@ def collate(samples: Any) -> Any:
 
 
 class ResumableSampler(DistributedSampler):
-    """DistributedSampler that never pads and can start an epoch part way through.
+    """DistributedSampler that reads whole global batches and can start part way through.
 
-    Each epoch is a permutation seeded by (seed, epoch), cut to a multiple of the world size
-    (drop_last=True: no duplicated samples), and rank r reads positions r, r+W, r+2W, ...
-    So the first m samples of every rank are exactly the first m*W positions of the
-    permutation, whatever W is. `start` counts those positions (summed over ranks) to skip
-    when resuming in the middle of an epoch.
+    Each epoch is a permutation seeded by (seed, epoch), cut to a multiple of the global batch
+    (--batch-size x --grad-accum-steps x world size): every optimizer step averages exactly one
+    global batch, and the samples left over (fewer than one global batch, a different set each
+    epoch) are not read, as DataLoader's drop_last does on one GPU. Rank r reads positions
+    r, r+W, r+2W, ... of the cut permutation, so optimizer step k of an epoch reads positions
+    [k G, (k+1) G) whatever the world size W and the split of the global batch G into
+    --batch-size and --grad-accum-steps: runs that differ only in that split compute the same
+    updates, and a run can resume on another world size exactly. `start` counts the positions
+    (summed over ranks) to skip when resuming in the middle of an epoch.
     """
 
-    def __init__(self, dataset: Dataset, env: DistEnv, seed: int) -> None:
+    def __init__(self, dataset: Dataset, env: DistEnv, seed: int, global_batch: int) -> None:
         super().__init__(dataset, env.world_size, env.rank, shuffle=True, seed=seed, drop_last=True)
-        self.start = 0
+        self.total_size = len(dataset) // global_batch * global_batch  # whole global batches
+        self.num_samples = self.total_size // self.num_replicas
+        self.global_batch, self.start = global_batch, 0
 
     def set_position(self, epoch: int, start: int) -> None:
         """Read epoch `epoch` (a new shuffle each epoch), skipping its first `start` samples."""
-        assert start % self.num_replicas == 0, "resume positions are whole micro-batches"
+        assert start % self.global_batch == 0, "resume positions are whole global batches"
         self.set_epoch(epoch)
         self.start = start
 
@@ -57,19 +64,27 @@ class ResumableSampler(DistributedSampler):
 def build_train_loader(
     dataset: Dataset, cfg: TrainConfig, env: DistEnv, device: torch.device
 ) -> tuple[DataLoader, ResumableSampler]:
-    """Per-rank loader of full micro-batches of --batch-size samples."""
-    sampler = ResumableSampler(dataset, env, seed=cfg.seed)
+    """Per-rank loader of micro-batches of --batch-size samples, whole global batches per epoch."""
+    global_batch = cfg.batch_size * cfg.grad_accum_steps * env.world_size
+    sampler = ResumableSampler(dataset, env, seed=cfg.seed, global_batch=global_batch)
     loader = DataLoader(
         dataset,
         batch_size=cfg.batch_size,
         sampler=sampler,
-        drop_last=True,  # every micro-batch has B samples, so all ranks weigh samples equally
         collate_fn=collate,
         num_workers=cfg.num_workers,
         pin_memory=device.type == "cuda",  # page-locked memory: async host-to-GPU copies
         persistent_workers=cfg.num_workers > 0,  # keep workers alive between epochs
+        generator=_private_generator(cfg.seed),
     )
     return loader, sampler
+
+
+def _private_generator(seed: int) -> torch.Generator:
+    """The loader's own RNG. Without one, every iter(loader) draws its workers' base seed from
+    torch's global RNG, which the model's random draws (dropout) use too: a resumed run, which
+    starts its iterator at another step, would then draw other dropout masks."""
+    return torch.Generator().manual_seed(seed)
 
 
 def eval_shard(num_samples: int, env: DistEnv) -> range:
@@ -96,4 +111,5 @@ def build_eval_loader(
         num_workers=cfg.num_workers,
         pin_memory=device.type == "cuda",
         persistent_workers=cfg.num_workers > 0,
+        generator=_private_generator(cfg.seed),
     )

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Self
+from typing import Any, NoReturn, Self
 
 from . import dist
 
@@ -82,12 +82,12 @@ class Preemption:
                 return
 
 
-def stop_at_once() -> int:
+def stop_at_once() -> NoReturn:
     """After a second Ctrl-C: say so once, and exit 130 without saving or waiting for anyone.
 
-    With several ranks the others may be anywhere (in a collective, say), so this process
-    exits at once, skipping the teardown, as dist.fail does; one process tears down and
-    returns the status.
+    The process exits at once, skipping the teardown, as dist.fail does: other ranks may be
+    anywhere (in a collective, say), and a checkpoint may be half written by its thread, inside
+    torch.save, which an interpreter shutting down around it would abort (SIGABRT).
     """
     if dist.is_main():
         print(
@@ -96,8 +96,5 @@ def stop_at_once() -> int:
             file=sys.stderr,
             flush=True,
         )
-    if dist.world_size() == 1:
-        dist.cleanup(clean_exit=False)
-        return EXIT_INTERRUPTED
     sys.stdout.flush()
     os._exit(EXIT_INTERRUPTED)
