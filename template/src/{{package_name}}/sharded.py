@@ -9,7 +9,10 @@ optimizer state, in parallel, into a directory next to the usual file:
 The .pt file is written last (checkpoint.py, atomically), and a checkpoint is the .pt file: a
 save that stopped half-way leaves at most a directory without its .pt, which --resume auto
 never sees and the next save removes. The directory itself is written as `step_N.dcp.tmp` and
-renamed once every rank has finished. DCP stores each tensor with its global shape, so a run
+renamed once every rank has finished. Before a directory is read, verify() checks that every
+shard file its metadata names is there, whole: a deleted or truncated one would otherwise crash
+every rank in the middle of loading, where --resume auto could no longer fall back to an older
+checkpoint. DCP stores each tensor with its global shape, so a run
 on another number of ranks reads back the slices it needs (resume onto another world size).
 """
 
@@ -20,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
@@ -73,9 +76,31 @@ def load_weights(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
     set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True))
 
 
+def verify(directory: Path) -> Metadata:
+    """The metadata of a shard directory, once each shard file it names holds the bytes it needs.
+
+    Each stored item is a byte range (offset, length) of a file: a file shorter than its last
+    range was cut short (a full disk, an interrupted copy). The data itself is not read.
+    """
+    metadata = dcp.FileSystemReader(directory).read_metadata()
+    needed: dict[str, int] = {}
+    for item in metadata.storage_data.values():
+        end = item.offset + item.length
+        needed[item.relative_path] = max(needed.get(item.relative_path, 0), end)
+    for name, size in sorted(needed.items()):
+        path = directory / name
+        if not path.is_file():
+            raise FileNotFoundError(f"shard file {path} is missing")
+        if path.stat().st_size < size:
+            raise ValueError(
+                f"shard file {path} is truncated: {path.stat().st_size} bytes of at least {size}"
+            )
+    return metadata
+
+
 def shapes(directory: Path) -> dict[str, torch.Tensor]:
-    """The model's tensors as shapes only (meta device), from the metadata: no data is read."""
-    metadata = dcp.FileSystemReader(directory).read_metadata().state_dict_metadata
+    """The model's tensors as shapes only (meta device), from the verified metadata."""
+    metadata = verify(directory).state_dict_metadata
     return {
         key.removeprefix("model."): torch.empty(
             tuple(item.size), dtype=item.properties.dtype, device="meta"
