@@ -34,6 +34,7 @@ from helpers import (
     read_metrics,
     same_parameters,
     saved_steps,
+    start_long_run,
     training_env,
     wait_for_steps,
 )
@@ -169,6 +170,34 @@ def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path: Path, slow_save:
     assert "Traceback" not in output and "terminate" not in output
     assert checkpoint_files(tmp_path / "checkpoints") == []  # no checkpoint, no partial file
     assert not (tmp_path / "run.lock").exists()
+
+
+def test_a_run_whose_lock_was_taken_over_stops_before_its_next_write(tmp_path: Path) -> None:
+    # A run paused (SIGSTOP) for so long that a run on another host took its --out-dir over
+    # (the heartbeat was stale): once continued, it finds run.lock no longer its own, writes
+    # nothing more (no metrics line, no checkpoint, no deletion) and stops, exit 1.
+    process = start_long_run(tmp_path, 1, "--ckpt-every=2")
+    wait_for_steps(tmp_path, 4, process)
+    process.send_signal(signal.SIGSTOP)
+    other = '{"host": "elsewhere", "pid": 7, "started": "later"}'
+    (tmp_path / "run.lock").write_text(other)
+    theirs = tmp_path / "checkpoints" / "step_00000001.pt.tmp"  # the new owner's save
+    theirs.write_bytes(b"being written")
+    lines = (tmp_path / "metrics.jsonl").read_text()
+    before = set(checkpoint_files(tmp_path / "checkpoints"))
+    process.send_signal(signal.SIGCONT)
+    output = process.communicate(timeout=60)[0]
+    assert process.returncode == 1, output
+    error = output.splitlines()[-1]
+    assert error.startswith(
+        f"error: {tmp_path / 'run.lock'} was taken over by another run (host elsewhere, pid 7,"
+    ), output
+    assert "all ranks stopped at step" in error and "Traceback" not in output
+    assert (tmp_path / "metrics.jsonl").read_text() == lines
+    after = set(checkpoint_files(tmp_path / "checkpoints"))
+    # Nothing deleted; at most the save the pause interrupted was completed.
+    assert before <= after and len(after - before) <= 1 and theirs.exists()
+    assert (tmp_path / "run.lock").read_text() == other  # the new owner's lock stays
 
 
 def test_sigterm_near_the_end_lets_the_run_finish(tmp_path: Path) -> None:
