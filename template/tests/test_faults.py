@@ -34,6 +34,7 @@ from helpers import (
     read_metrics,
     same_parameters,
     saved_steps,
+    small_disk,
     start_long_run,
     training_env,
     wait_for_steps,
@@ -200,6 +201,25 @@ def test_a_run_whose_lock_was_taken_over_stops_before_its_next_write(tmp_path: P
     assert (tmp_path / "run.lock").read_text() == other  # the new owner's lock stays
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_full_disk_stops_every_rank_with_one_line(tmp_path: Path, strategy: str) -> None:
+    # The disk fills during step 3; step 4's save fails: under FSDP every rank's shards, with
+    # torch.distributed.checkpoint's CheckpointException (not an Exception).
+    run = tmp_path / "disk"
+    with small_disk(run):
+        args = ["--max-steps=8", "--ckpt-every=2", f"--strategy={strategy}"]
+        status, output, _ = run_fault(run, "fill-disk", 0, 3, *args)
+        assert status == 1, output
+        assert rank_exit_codes(output) == {"1"}, output
+        ranks = output.split("fault: rank")[0]  # what the ranks printed, before torchrun's
+        assert "Traceback" not in ranks, output
+        errors = [line for line in output.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1, output
+        assert "o space left on device" in errors[0], output
+        assert errors[0].endswith(f"the newest checkpoint is step 2 ({run / STEP_2})"), output
+        assert saved_steps(run) == [2]
+
+
 def test_sigterm_near_the_end_lets_the_run_finish(tmp_path: Path) -> None:
     # SIGTERM during step 9 of 10: the ranks agree on it during step 10, the last one, so the
     # run simply finishes: the final checkpoint and summary, no preemption message.
@@ -235,6 +255,7 @@ def test_kill_during_a_save_keeps_the_previous_checkpoint(
 TWO_RANKS = ["--batch-size=6", "--grad-accum-steps=1", "--max-steps=8", "--ckpt-every=4"]
 ONE_PROCESS = ["--batch-size=4", "--grad-accum-steps=3", "--max-steps=8", "--ckpt-every=4"]
 STEP_4, STEP_8 = Path("checkpoints", "step_00000004.pt"), Path("checkpoints", "step_00000008.pt")
+STEP_2 = Path("checkpoints", "step_00000002.pt")
 
 
 def test_resume_on_another_world_size_with_the_same_global_batch(

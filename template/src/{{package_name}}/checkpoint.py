@@ -284,14 +284,17 @@ def os_error_text(err: BaseException) -> str:
     """What went wrong, without a traceback: 'No space left on device' for a full disk.
 
     torch.save reports a full disk as RuntimeError ("PytorchStreamWriter failed writing
-    file"), whose cause or context is the OSError of the write itself: name that.
+    file"), whose cause or context is the OSError of the write itself: name that. DCP's
+    CheckpointException holds every rank's own failure.
     """
-    seen: BaseException | None = err
-    while seen is not None and not isinstance(seen, OSError):
-        seen = seen.__cause__ or seen.__context__
-    if seen is not None and seen.strerror:
-        return seen.strerror
-    return _first_line(err)
+    failures = getattr(err, "failures", None)
+    errors = [failure[0] for failure in failures.values()] if isinstance(failures, dict) else []
+    for seen in (err, *errors):
+        while seen is not None:
+            if isinstance(seen, OSError) and seen.strerror:
+                return seen.strerror
+            seen = seen.__cause__ or seen.__context__
+    return _first_line(errors[0] if errors else err)
 
 
 def newest_note(out_dir: str) -> str:

@@ -58,10 +58,10 @@ def read_env() -> DistEnv:
         )
     values = {}
     for name in (*RANK_VARIABLES, "MASTER_PORT"):
-        try:
-            values[name] = int(os.environ[name])
-        except ValueError:
-            raise ConfigError(f"{name}={os.environ[name]!r} is not an integer: {fix}") from None
+        text = os.environ[name]
+        if not (text.isascii() and text.isdigit()):  # int() would take "٣" or " 3", torch not
+            raise ConfigError(f"{name}={text!r} is not a non-negative integer: {fix}")
+        values[name] = int(text)
     env = DistEnv(values["RANK"], values["LOCAL_RANK"], values["WORLD_SIZE"])
     if not (0 <= env.rank < env.world_size and 0 <= env.local_rank < env.world_size):
         raise ConfigError(

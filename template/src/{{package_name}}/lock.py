@@ -88,6 +88,7 @@ def process_start(pid: int) -> str | None:
 
 def read_lock(path: Path) -> tuple[dict[str, Any] | None, float] | None:
     """The lock's holder (None if unreadable) and its heartbeat's age in s; None if no lock."""
+    age = 0.0  # a lock that cannot even be looked at counts as fresh: refused, not taken over
     try:
         age = time.time() - path.stat().st_mtime
         holder = json.loads(path.read_text())
