@@ -21,10 +21,10 @@ class GeneratorError(Exception):
 
 
 @contextmanager
-def copier_errors(action: str) -> Iterator[None]:
+def copier_errors(action: str, vcs_ref: str | None = None) -> Iterator[None]:
     """Turn what copier (and git under it) raises into one-line GeneratorErrors.
 
-    `action` names the work in messages: "render", "update".
+    `action` names the work in messages: "render", "update"; `vcs_ref` is the version asked for.
     """
     import jinja2
     from copier import errors
@@ -44,6 +44,8 @@ def copier_errors(action: str) -> Iterator[None]:
             "no terminal to ask the questions in; pass --defaults (-y) and --data key=value"
         ) from None
     except ValueError as error:
+        if vcs_ref is not None and str(error) == f"Unknown revision: {vcs_ref!r}":
+            raise GeneratorError(f"--vcs-ref {vcs_ref}: no such tag or commit in the template") from None
         if "Unknown revision" in str(error):  # a recorded _commit missing from the history here
             raise GeneratorError(
                 f"{error}: the template history here lacks the project's version; upgrade ddp-new",

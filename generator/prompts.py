@@ -11,6 +11,7 @@ checks every answer once more when it renders.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 from generator.errors import GeneratorError
@@ -106,7 +107,12 @@ def _problem(question: Question, value: Any, answers: dict[str, Any]) -> str:
 
 def render(template: str, context: dict[str, Any]) -> str:
     """Render a copier.yml expression with the filters copier provides (regex_search, strftime...)."""
+    return _compile(template).render(**context)
+
+
+@cache
+def _compile(template: str) -> Any:
     from jinja2.sandbox import SandboxedEnvironment
 
     env = SandboxedEnvironment(extensions=["jinja2_ansible_filters.AnsibleCoreFiltersExtension"])
-    return env.from_string(template).render(**context)
+    return env.from_string(template)

@@ -98,6 +98,8 @@ def load_questions(template: Path) -> dict[str, Question]:
         raise GeneratorError(f"{path} is not a copier template: expected questions (a mapping)")
     questions = {}
     for key, spec in config.items():
+        if not isinstance(key, str):
+            raise GeneratorError(f"{path}: {key!r} is not a question name; names are text, such as colour")
         if key.startswith("_"):
             continue
         if not isinstance(spec, dict):  # the short form `key: default`
@@ -105,6 +107,8 @@ def load_questions(template: Path) -> dict[str, Question]:
         choices = spec.get("choices") or []
         if isinstance(choices, dict):  # {label: value}
             choices = list(choices.values())
+        if not isinstance(choices, list):
+            raise GeneratorError(f"{path}: {key}: choices must be a list or a mapping, not {choices!r}")
         questions[key] = Question(
             key=key,
             type=str(spec.get("type", "str")),

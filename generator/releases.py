@@ -23,6 +23,7 @@ from generator.git import git
 RECORD = "releases.toml"
 VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
 HASH = re.compile(r"^[0-9a-f]{40}$")
+BETWEEN = re.compile(r"^(v\d+\.\d+\.\d+)-(\d+)-(g[0-9a-f]+)$")  # git describe: N commits after a release
 TEMPLATE_PATHS = ("copier.yml", "template")  # what a render reads: equal trees render equally
 
 
@@ -68,8 +69,13 @@ def build_bundle(repo: Path, out: Path) -> tuple[str, list[str]]:
     """Write `repo`'s history as a git bundle with a tag per release; returns (version, warnings).
 
     The bundle's HEAD is what ddp-new renders: the newest release when the template at HEAD
-    is identical to it (so projects record `_commit: vX.Y.Z`), else HEAD itself (a build
-    between releases; copier records `vX.Y.Z-N-gHASH`, which every later history resolves).
+    is identical to it (so projects record `_commit: vX.Y.Z`), else HEAD itself, a build
+    between releases, N commits after release X.Y.Z. That HEAD gets the tag
+    `vX.Y.Z.postN+git-gHASH`: plain copier updates to the newest version among the tags, and
+    this one sorts above X.Y.Z and every earlier build (PEP 440), so `copier update` and
+    `copier check-update` go where `ddp-new update` goes, never "downgrading" to X.Y.Z. A
+    project records the tag as its `_commit`; later histories lack the tag but still resolve
+    the name, by git's rule for names that end in `-g<hash>`.
     """
     tags = release_tags(repo)
     warnings = []
@@ -86,7 +92,10 @@ def build_bundle(repo: Path, out: Path) -> tuple[str, list[str]]:
         render = _commit_to_render(tmp, head, tags)
         git(tmp, "update-ref", "refs/heads/main", render)
         git(tmp, "symbolic-ref", "HEAD", "refs/heads/main")
-        version = git(tmp, "describe", "--tags", "--always", "HEAD").strip()
+        version = git(tmp, "describe", "--tags", "--always", "--abbrev=12", "HEAD").strip()
+        if between := BETWEEN.match(version):
+            version = "{}.post{}+git-{}".format(*between.groups())
+            git(tmp, "tag", version, "HEAD")
         out.parent.mkdir(parents=True, exist_ok=True)
         partial = out.with_name(f".{out.name}.{os.getpid()}.tmp")
         git(tmp, "bundle", "create", "-q", str(partial.resolve()), "HEAD", "--tags")

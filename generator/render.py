@@ -172,7 +172,7 @@ def _run_copy(
 
     # A template checkout with uncommitted edits (a developer's) is rendered as it is.
     warnings.simplefilter("ignore", errors.DirtyLocalWarning)
-    with copier_errors("render"):
+    with copier_errors("render", vcs_ref):
         copier.run_copy(
             src,
             dst,

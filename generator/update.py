@@ -43,7 +43,10 @@ def read_answers(project: Path) -> dict[str, Any]:
     path = project / ANSWERS
     if not path.is_file():
         raise GeneratorError(f"{project} has no {ANSWERS}; it was not rendered from a copier template")
-    answers = load_yaml(path.read_text(encoding="utf-8"))
+    try:
+        answers = load_yaml(path.read_text(encoding="utf-8"), source=str(path))
+    except (OSError, UnicodeDecodeError) as error:
+        raise GeneratorError(f"cannot read {path}: {error}") from None
     if not isinstance(answers, dict) or "_src_path" not in answers:
         raise GeneratorError(f"{path} has no _src_path; cannot tell which template to update from")
     return answers
@@ -96,7 +99,7 @@ def update(
 def _run_update(project: Path, data: dict[str, Any], *, vcs_ref: str | None, trust: bool) -> None:
     import copier
 
-    with copier_errors("update"):
+    with copier_errors("update", vcs_ref):
         copier.run_update(
             project,
             data=data,
@@ -112,8 +115,12 @@ def _run_update(project: Path, data: dict[str, Any], *, vcs_ref: str | None, tru
 def _report(project: Path, old_version: str) -> UpdateReport:
     new_version = str(read_answers(project).get("_commit", "?"))
     report = UpdateReport(old_version, new_version)
-    unmerged = set(git(project, "diff", "--name-only", "--diff-filter=U").splitlines())
-    for line in git(project, "status", "--porcelain", "--untracked-files=all").splitlines():
+    # --no-renames: git would pair a deleted file with a similar new or conflicted one and
+    # report the pair as one path, hiding the deletion (a user's own configs/example.toml
+    # beside the configs/default.toml the template dropped).
+    unmerged = set(git(project, "diff", "--no-renames", "--name-only", "--diff-filter=U").splitlines())
+    status = git(project, "status", "--porcelain", "--no-renames", "--untracked-files=all")
+    for line in status.splitlines():
         code, path = line[:2], line[3:].strip('"')
         if path.endswith(".rej") or path in unmerged or _has_marker(project / path):
             report.conflicts.append(path)
@@ -141,7 +148,7 @@ def _keep_user_changed(project: Path, answers: dict[str, Any], report: UpdateRep
     restored as committed, and reported like a conflict, for the user to move or delete.
     (A migration's `git mv` is a staged deletion: the user's file moved, nothing to restore.)
     """
-    unstaged = set(git(project, "diff", "--name-only", "--diff-filter=D").splitlines())
+    unstaged = set(git(project, "diff", "--no-renames", "--name-only", "--diff-filter=D").splitlines())
     deleted = [path for path in report.removed if path in unstaged]
     if not deleted:
         return

@@ -125,6 +125,11 @@ BAD_INPUTS = [
     (["name-"], 2, "end with a letter or digit"),
     (["p", "--data", "package_name=copy"], 2, "would shadow"),
     (["p", "--data", "package_name=tqdm"], 2, "would shadow"),
+    (["p", "--data", "package_name=pyparsing"], 2, "would shadow"),  # matplotlib imports it
+    (["p", "--data", "package_name=sitecustomize"], 2, "would shadow"),  # run at every start-up
+    (["p", "--data", "package_name=__main__"], 2, "package_name must be a lowercase Python identifier"),
+    (["p", "--data", "author_email=a\\q@b.co"], 2, "author_email must look like"),  # breaks TOML
+    (["p", "--data", "author_email=a\x01@b.co"], 2, "author_email must look like"),
     (["p", "--data", "description=two\nlines"], 2, "description must be one line"),
     (["p", "--data", "nosuchkey=1"], 2, "unknown question"),
     (["p", "--data", "precision=fp8"], 2, "'fp8' is not one of: bf16, fp16, fp32"),
@@ -371,16 +376,29 @@ def test_plain_copier_names_the_project_after_its_folder(tmp_path: Path, templat
     [
         ("project_name: [open\n" + "x: " + "y" * 6000 + "\n", "copier.yml: did not find expected ','"),
         ("- just\n- a list\n", "copier.yml is not a copier template: expected questions"),
+        ("colour:\n  type: str\n  choices: 5\n", "copier.yml: colour: choices must be a list or a mapping"),
+        ("5:\n  type: str\n", "copier.yml: 5 is not a question name"),
     ],
-    ids=["yaml-error", "list"],
+    ids=["yaml-error", "list", "choices-int", "key-int"],
 )
 def test_broken_template_config_is_one_short_line(tmp_path: Path, text: str, message: str) -> None:
     template = write_template(tmp_path / "tpl", text)
-    result = cli("p", "-y", "--template", template, cwd=tmp_path)
-    assert result.exit_code == 2, result.output
-    assert message in result.output and "Traceback" not in result.output
-    assert len(result.output) < 300  # not the whole file
+    for args in (["p", "-y"], ["options"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "generator", *args, "--template", template],
+            cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        assert proc.returncode == 2, proc.stderr
+        assert message in proc.stderr and "Traceback" not in proc.stderr
+        assert len(proc.stderr) < 300 and proc.stderr.count("\n") == 1  # one line, not the whole file
     assert not (tmp_path / "p").exists()
+
+
+def test_vcs_ref_that_does_not_exist_is_named(tmp_path: Path) -> None:
+    result = cli("p", "-y", "--vcs-ref", "v9.9.9", cwd=tmp_path)
+    assert result.exit_code == 2, result.output
+    assert result.output == "error: --vcs-ref v9.9.9: no such tag or commit in the template\n"
+    assert listing(tmp_path) == []
 
 
 def test_dest_inside_a_file_is_refused(tmp_path: Path, template_dir: Path) -> None:

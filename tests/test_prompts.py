@@ -75,12 +75,19 @@ def test_a_wrong_answer_gets_the_whole_message_and_is_asked_again(tmp_path: Path
     child = spawn("proj", cwd=tmp_path)
     answer(child, "package_name", "Bad Name")
     # Longer than the 80-column terminal: printed in full, on lines of its own.
-    message = "package_name must be a lowercase Python identifier: a-z, 0-9 and '_', not starting"
+    message = "package_name must be a lowercase Python identifier: a-z, 0-9 and '_', starting"
     child.expect_exact(message)
-    answer(child, "package_name", "copy")
-    child.expect_exact("package_name 'copy' would shadow a module the project imports")
+    answer(child, "package_name", "__main__")
+    child.expect_exact(message)
+    for shadowing in ("copy", "pyparsing", "sitecustomize"):  # stdlib, a dependency's, a start-up hook
+        answer(child, "package_name", shadowing)
+        child.expect_exact(f"package_name '{shadowing}' would shadow a module the project or its")
     answer(child, "package_name", "good_name")
-    child.expect_exact("  description")
+    answer(child, "description", "")
+    answer(child, "author_name", "")
+    answer(child, "author_email", "a\\q@b.co")  # a backslash breaks pyproject.toml
+    child.expect_exact("author_email must look like name@example.com")
+    child.expect_exact("  author_email")
     child.sendcontrol("c")
     status, output = finish(child)
     assert status == 130, output

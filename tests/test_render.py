@@ -5,10 +5,16 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tomllib
+from importlib import metadata
 from pathlib import Path
 
 import pytest
-from conftest import answers_of, render
+from conftest import REPO, answers_of, render
+from packaging.requirements import Requirement
+
+from generator.prompts import render as render_jinja
+from generator.questions import load_questions
 
 # Together these renders take every value of every choice question at least once.
 COMBINATIONS = {
@@ -34,6 +40,10 @@ COMBINATIONS = {
     "lm-bf16-no-launchers-no-ci": dict(task="lm", launchers=[], include_ci=False, package_name="gpt_pkg"),
     "fsdp-fp16-accum2": dict(strategy="fsdp", precision="fp16", grad_accum_steps=2, launchers=["local"]),
     "lm-fsdp-bf16": dict(task="lm", strategy="fsdp", precision="bf16", launchers=[], logger="tensorboard"),
+    "quotes-and-backslashes": dict(
+        description='Says "hi" \\n, a\ttab and \\', author_name="O'Brien \"Bob\" \\",
+        author_email="o'b+x@ex-a.co.uk",
+    ),
 }  # fmt: skip
 
 # Files and words of one task that must not appear in a project of the other.
@@ -118,6 +128,13 @@ def test_answers_reach_the_code(project: Path) -> None:
     assert (project / "tests" / "test_tracking.py").is_file() == tracking.is_file()
 
 
+def test_pyproject_holds_the_answers(project: Path) -> None:
+    answers = answers_of(project)
+    meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    assert meta["description"] == answers["description"]
+    assert meta["authors"] == [{"name": answers["author_name"], "email": answers["author_email"]}]
+
+
 def test_ruff_check_and_format(project: Path) -> None:
     for cmd in (["check", "--no-cache", "."], ["format", "--check", "--no-cache", "."]):
         proc = subprocess.run(
@@ -157,3 +174,47 @@ def test_generated_ci_runs_only_what_can_succeed(project: Path) -> None:
     if ci.is_file():
         text = ci.read_text()
         assert "pip install ddp-new" not in text and "continue-on-error" not in text
+
+
+def installed_modules(requirements: list[str]) -> set[str]:
+    """Top-level modules of the installed distributions `requirements` need, with their own needs."""
+    found = {}
+    for dist in metadata.distributions():
+        found.setdefault(re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower(), dist)
+    names, todo, seen = set(), list(requirements), set()
+    while todo:
+        req = Requirement(todo.pop())
+        key = re.sub(r"[-_.]+", "-", req.name).lower()
+        if key in seen or key not in found or (req.marker and not req.marker.evaluate({"extra": ""})):
+            continue
+        seen.add(key)
+        todo += found[key].requires or []
+        for file in found[key].files or []:
+            top = file.parts[0]
+            if len(file.parts) > 1 and not top.endswith((".dist-info", ".data")) or file.suffix == ".py":
+                names.add(top.removesuffix(".py"))
+    return names
+
+
+def test_package_name_refuses_every_module_the_project_may_import() -> None:
+    """The standard library, the installed dependencies of every extra and theirs (matplotlib imports
+    pyparsing), Python's start-up hooks and the project's own top-level modules: none may be the
+    package's name, which would shadow it (or be shadowed)."""
+    question = load_questions(REPO)["package_name"]
+    pyproject = (REPO / "template" / "pyproject.toml.jinja").read_text()
+    requirements = re.findall(r'"([A-Za-z0-9_.-]+)>=', pyproject)
+    assert {"torch", "matplotlib", "wandb", "mlflow-skinny", "pytest"} <= set(requirements)
+    names = set(sys.stdlib_module_names) | {"sitecustomize", "usercustomize"}
+    names |= installed_modules(requirements)
+    assert {"torch", "pyparsing", "numpy"} <= names  # the project's own dependencies are installed here
+    for path in [*(REPO / "template").iterdir(), *(REPO / "template" / "tests").iterdir()]:
+        name = re.sub(r"{%.*?%}", "", path.name).removesuffix(".jinja")
+        if name.endswith(".py") or path.parent.name == "template" and path.is_dir():
+            names.add(name.removesuffix(".py"))  # tests/helpers.py, scripts/, ...
+    accepted = [
+        name
+        for name in sorted(names)
+        if re.fullmatch(r"[a-z][a-z0-9_]*", name)
+        and not render_jinja(question.validator, {"package_name": name}).strip()
+    ]
+    assert accepted == []

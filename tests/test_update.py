@@ -188,6 +188,24 @@ def test_vcs_ref_pins_the_target_version(project: Path) -> None:
     assert changed_paths(project) == set()
 
 
+def test_vcs_ref_that_does_not_exist_is_named(project: Path) -> None:
+    proc = sh([*DDP_NEW, "update", project, "--vcs-ref", "v9.9.9"], project.parent, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == "error: --vcs-ref v9.9.9: no such tag or commit in the template\n"
+    assert changed_paths(project) == set()
+
+
+@pytest.mark.parametrize("content", ["_src_path: caf\xe9\n".encode("latin-1"), bytes(range(256))])
+def test_unreadable_answers_file_is_one_line(project: Path, content: bytes) -> None:
+    (project / ".copier-answers.yml").write_bytes(content)
+    commit_all(project, "A broken answers file")
+    proc = sh([*DDP_NEW, "update", project], project.parent, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"error: cannot read {project / '.copier-answers.yml'}: ")
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert changed_paths(project) == set()
+
+
 def test_a_changed_file_that_the_template_drops_is_kept_as_a_conflict(project: Path) -> None:
     # NEW no longer has old.txt. copier deletes it even when the user changed it.
     (project / "old.txt").write_text("removed in NEW\nbut my notes are here\n")
@@ -338,6 +356,30 @@ def test_bundled_template_migrates_without_trust(renamed_config_repo: Path, tmp_
     assert_edit_followed_the_move(project)
 
 
+def test_a_file_of_the_users_where_the_template_moves_another_is_a_conflict(
+    renamed_config_repo: Path, tmp_path: Path
+) -> None:
+    """The user edited configs/default.toml and wrote their own configs/example.toml; the new
+    template moves the first to the second. Neither the edits nor the user's file may be lost."""
+    home = tmp_path / "home"
+    home.mkdir()
+    bundle = make_bundle(renamed_config_repo, NEW, tmp_path / "b.bundle")
+    env = {"HOME": str(home), "DDP_NEW_BUNDLE": str(bundle)}
+    sh([*DDP_NEW, "demo", "-y", "--git", "--vcs-ref", OLD], tmp_path, **env)
+    project = tmp_path / "demo"
+    config, mine = project / "configs" / "default.toml", project / "configs" / "example.toml"
+    edited = config.read_text().replace("seed = 0", "seed = 1234  # my seed")
+    config.write_text(edited)
+    mine.write_text("my_own_setting = 1\n")
+    commit_all(project, "My seed, my example")
+    proc = sh([*DDP_NEW, "update", project], tmp_path, check=False, **env)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert config.read_text() == edited  # kept as committed: the migration could not move it
+    assert "conflict configs/default.toml  (the new template dropped or moved" in proc.stderr
+    assert "my_own_setting = 1" in mine.read_text() and "<<<<<<< before updating" in mine.read_text()
+    assert "conflict configs/example.toml  (edit the <<<<<<< markers)" in proc.stderr
+
+
 @pytest.fixture(scope="module")
 def untagged_repo(renamed_config_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """renamed_config_repo as it arrives without its tags: the releases are in releases.toml only."""
@@ -395,6 +437,60 @@ def test_plain_copier_names_the_versions(untagged_repo: Path, tmp_path: Path) ->
     assert "No git tags found" not in output, output
     assert f"Updating to template version {NEW[1:]}" in output, output
     assert yaml.safe_load((project / ".copier-answers.yml").read_text())["_commit"] == NEW
+
+
+def answers(project: Path) -> dict:
+    return yaml.safe_load((project / ".copier-answers.yml").read_text())
+
+
+def test_plain_copier_agrees_with_ddp_new_between_releases(untagged_repo: Path, tmp_path: Path) -> None:
+    """A build from a checkout some commits after a release, without tags: plain `copier update`
+    and `copier check-update` go where `ddp-new update` goes, never "downgrading" to the release."""
+    from generator.releases import build_bundle
+
+    checkout = tmp_path / "checkout"
+    git(tmp_path, "clone", "-q", "--no-tags", str(untagged_repo), str(checkout))
+    (checkout / "template" / "notes.txt").write_text(NOTES_V1)
+    commit_all(checkout, "A template change after the release")
+    home, bundle = tmp_path / "home", tmp_path / "b.bundle"
+    home.mkdir()
+    version, _ = build_bundle(checkout, bundle)
+    assert version.startswith(f"{NEW}.post2+git-g"), version
+    env = {"HOME": str(home), "DDP_NEW_BUNDLE": str(bundle)}
+    sh([*DDP_NEW, "ours", "-y", "--git"], tmp_path, **env)
+    sh([*DDP_NEW, "released", "-y", "--git", "--vcs-ref", NEW], tmp_path, **env)
+    ours, released = tmp_path / "ours", tmp_path / "released"
+    assert answers(ours)["_commit"] == version and answers(released)["_commit"] == NEW
+    check, update = [*COPIER, "check-update", "--quiet"], [*COPIER, "update", "--defaults"]
+
+    # A project of this build is up to date for all three.
+    assert sh(check, ours, check=False, HOME=str(home)).returncode == 0
+    sh(update, ours, HOME=str(home))
+    assert changed_paths(ours) == set()
+    assert "is already up to date" in sh([*DDP_NEW, "update", ours], tmp_path, **env).stdout
+    # A project of the release updates to this build (ddp-new update renders the bundle's HEAD).
+    assert sh(check, released, check=False, HOME=str(home)).returncode == 2
+    sh(update, released, HOME=str(home))
+    assert answers(released)["_commit"] == version and (released / "notes.txt").read_text() == NOTES_V1
+
+    # The checkout moves on and ddp-new is rebuilt: the new history lacks the old build's tag, but
+    # resolves the name a project recorded, and plain copier moves to the new build.
+    (checkout / "template" / "notes.txt").write_text(NOTES_V2)
+    commit_all(checkout, "Another template change")
+    newer, _ = build_bundle(checkout, bundle)
+    assert newer.startswith(f"{NEW}.post3+git-g"), newer
+    assert sh(check, ours, check=False, HOME=str(home)).returncode == 2
+    sh(update, ours, HOME=str(home))
+    assert answers(ours)["_commit"] == newer and (ours / "notes.txt").read_text() == NOTES_V2
+
+
+def test_plain_copier_on_a_project_of_this_checkout(tmp_path: Path) -> None:
+    """How the README installs ddp-new (from this checkout, whatever its commit and tags)."""
+    sh([*DDP_NEW, "demo", "-y", "--git"], tmp_path)
+    project = tmp_path / "demo"
+    assert sh([*COPIER, "check-update", "--quiet"], project, check=False).returncode == 0
+    sh([*COPIER, "update", "--defaults"], project)
+    assert changed_paths(project) == set()
 
 
 def test_a_release_record_that_contradicts_a_tag_is_refused(untagged_repo: Path, tmp_path: Path) -> None:

@@ -78,4 +78,4 @@ def test_update_from_the_first_release_runs_its_migrations(tmp_path: Path) -> No
     assert not config.exists()
     assert "seed = 7  # mine" in (project / "configs" / "example.toml").read_text()
     recorded = yaml.safe_load((project / ".copier-answers.yml").read_text())["_commit"]
-    assert recorded.startswith("v"), recorded  # a release version (or vX.Y.Z-N-gHASH between releases)
+    assert recorded.startswith("v"), recorded  # a release, or vX.Y.Z.postN+git-gHASH between releases
