@@ -68,7 +68,11 @@ class StepProfiler(NoProfiler):
             )
 
     def _save(self, prof: profile) -> None:
-        tensorboard_trace_handler(str(self.directory), worker_name=f"rank{self.rank}")(prof)
+        try:
+            tensorboard_trace_handler(str(self.directory), worker_name=f"rank{self.rank}")(prof)
+        except (OSError, RuntimeError) as err:  # a full disk: the trace is lost, not the run
+            self.report(f"warning: --profile: cannot write the trace in {self.directory}: {err}")
+            return
         steps = min(ACTIVE, self.steps - WAIT - WARMUP)
         self.report(summary(prof, self.device, steps, self.directory))
 
