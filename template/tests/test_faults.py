@@ -268,7 +268,9 @@ def test_resume_on_another_world_size_with_the_same_global_batch(
     assert max_difference(load_model(two / STEP_8), load_model(one / STEP_8)) < TOLERANCE
     # 2 ranks -> 1 process, and 1 process -> 2 ranks, from step 4 (mid-epoch) to step 8.
     assert train_here(*ONE_PROCESS, f"--resume={two / STEP_4}", out_dir=tmp_path / "2to1") == 0
-    assert "RNG states are not restored" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "RNG states are not restored, so the run is not bitwise" in out  # no comm hook:
+    assert "PowerSGD" not in out  # nothing said of PowerSGD's state
     launch(tmp_path / "1to2", *TWO_RANKS, f"--resume={one / STEP_4}", nproc=2)
     for resumed, straight in (("2to1", two), ("1to2", one)):
         # The model has no dropout, so the RNG does not matter (see TOLERANCE).

@@ -120,10 +120,12 @@ class TrainState:
             hook_states = state.get("comm_hook", [None] * world_size)  # older checkpoints: none
             strategy.set_comm_hook_state(self.model, hook_states[rank])
         else:
+            powersgd = any(state.get("comm_hook") or [])  # its error feedback is per rank too
             dist.print0(
                 f"warning: the checkpoint has {state['world_size']} ranks, this run {world_size};"
-                " RNG states are not restored (nor PowerSGD's error feedback), so the run is not"
-                " bitwise reproducible"
+                " RNG states are not restored"
+                + (" (nor PowerSGD's error feedback)" if powersgd else "")
+                + ", so the run is not bitwise reproducible"
             )
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
