@@ -84,7 +84,8 @@ def summary(prof: profile, device: torch.device, steps: int, directory: Path) ->
     def self_time(event: object) -> float:  # microseconds, summed over the profiled steps
         return getattr(event, "self_device_time_total" if on_gpu else "self_cpu_time_total")
 
-    events = prof.key_averages()
+    # ProfilerStep#N spans a whole step: it is the sum of the operators, not one of them.
+    events = [e for e in prof.key_averages() if not e.key.startswith("ProfilerStep")]
     total = sum(self_time(e) for e in events) or 1.0
     where = "GPU" if on_gpu else "CPU"
     lines = [
