@@ -12,6 +12,7 @@ import yaml
 from conftest import REPO
 
 from generator import __version__
+from generator.releases import read_record
 
 DDP_NEW = [sys.executable, "-m", "generator"]
 COPIER = [sys.executable, "-m", "copier"]
@@ -276,11 +277,12 @@ def test_plain_copier_update_after_upgrade(template_repo: Path, tmp_path: Path) 
 
 @pytest.fixture(scope="module")
 def renamed_config_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Our template before and after the configs/default.toml -> configs/example.toml move."""
+    """Our template before and after the configs/default.toml -> configs/example.toml move;
+    NEW also changes a line of the file (max_steps)."""
     repo = tmp_path_factory.mktemp("mig") / "ddp-new"
     repo.mkdir()
     config = yaml.safe_load((REPO / "copier.yml").read_text())
-    assert any("configs/example.toml" in m["command"] for m in config["_migrations"])
+    assert any("migrations/example_toml.py" in str(m["command"]) for m in config["_migrations"])
     del config["_migrations"]  # the old release had none
     (repo / "copier.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     shutil.copytree(REPO / "template", repo / "template", ignore=shutil.ignore_patterns("__pycache__"))
@@ -290,25 +292,35 @@ def renamed_config_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     commit_all(repo, "before the move")
     git(repo, "tag", OLD)
     shutil.copy2(REPO / "copier.yml", repo / "copier.yml")
-    (configs / "default.toml.jinja").rename(configs / "example.toml.jinja")
+    shutil.copytree(REPO / "migrations", repo / "migrations", ignore=shutil.ignore_patterns("__pycache__"))
+    moved = configs / "example.toml.jinja"
+    (configs / "default.toml.jinja").rename(moved)
+    moved.write_text(moved.read_text().replace("max_steps = 300", "max_steps = 500"))
     commit_all(repo, "configs/default.toml -> configs/example.toml, with a migration")
     git(repo, "tag", NEW)
     return repo
 
 
-def render_and_edit_config(src: Path, tmp_path: Path, **env: str) -> Path:
-    sh([*DDP_NEW, "demo", "-y", "--git", "--template", src, "--vcs-ref", OLD], tmp_path, **env)
+def render_and_edit_config(
+    src: Path, tmp_path: Path, old: str = "seed = 0", new: str = "seed = 1234  # my seed"
+) -> Path:
+    sh([*DDP_NEW, "demo", "-y", "--git", "--template", src, "--vcs-ref", OLD], tmp_path)
     project = tmp_path / "demo"
     config = project / "configs" / "default.toml"
-    config.write_text(config.read_text().replace("seed = 0", "seed = 1234  # my seed"))
-    assert "seed = 1234  # my seed" in config.read_text()
-    commit_all(project, "My seed")
+    config.write_text(config.read_text().replace(old, new))
+    assert new in config.read_text()
+    commit_all(project, "My edit")
     return project
 
 
 def assert_edit_followed_the_move(project: Path) -> None:
+    """The user's edit and the template's change are both in example.toml, merged cleanly."""
     assert not (project / "configs" / "default.toml").exists()
-    assert "seed = 1234  # my seed" in (project / "configs" / "example.toml").read_text()
+    text = (project / "configs" / "example.toml").read_text()
+    assert "seed = 1234  # my seed" in text and "max_steps = 500" in text
+    assert "<<<<<<<" not in text and "--config configs/example.toml" in text
+    # The move is staged: git (and ddp-new's report) see the user's file as moved, not lost.
+    assert "D  configs/default.toml" in git(project, "status", "--porcelain").splitlines()
 
 
 def test_migration_needs_trust_for_a_third_party_template(renamed_config_repo: Path, tmp_path: Path) -> None:
@@ -322,23 +334,34 @@ def test_migration_needs_trust_for_a_third_party_template(renamed_config_repo: P
     assert changed_paths(project) == set()
 
 
-def test_migration_moves_the_edited_file(renamed_config_repo: Path, tmp_path: Path) -> None:
+def test_migration_merges_the_edits_into_the_moved_file(renamed_config_repo: Path, tmp_path: Path) -> None:
     project = render_and_edit_config(renamed_config_repo, tmp_path)
     proc = sh([*DDP_NEW, "update", "--trust", project], tmp_path, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     assert_edit_followed_the_move(project)
-    # copier sees the moved file as added on both sides: the user's changed line comes back as a
-    # conflict to merge by hand (nothing is dropped), the rest of the file merges cleanly.
-    assert proc.returncode == 3, proc.stdout + proc.stderr
-    assert "conflict configs/example.toml" in proc.stderr
-    text = (project / "configs" / "example.toml").read_text()
-    assert text.count("<<<<<<< before updating") == 1
-    assert "--config configs/example.toml" in text
+    assert "removed  configs/default.toml" in proc.stdout and "added    configs/example.toml" in proc.stdout
 
 
 def test_plain_copier_runs_the_migration_with_trust(renamed_config_repo: Path, tmp_path: Path) -> None:
     project = render_and_edit_config(renamed_config_repo, tmp_path)
     sh([*COPIER, "update", "--defaults", "--trust"], project)
     assert_edit_followed_the_move(project)
+
+
+def test_migration_leaves_a_conflict_where_both_changed_a_line(
+    renamed_config_repo: Path, tmp_path: Path
+) -> None:
+    project = render_and_edit_config(
+        renamed_config_repo, tmp_path, "max_steps = 300", "max_steps = 900  # mine"
+    )
+    proc = sh([*DDP_NEW, "update", "--trust", project], tmp_path, check=False)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "conflict configs/example.toml  (edit the <<<<<<< markers)" in proc.stderr
+    text = (project / "configs" / "example.toml").read_text()
+    block = (
+        "<<<<<<< before updating\nmax_steps = 900  # mine\n=======\nmax_steps = 500\n>>>>>>> after updating\n"
+    )
+    assert text.count("<<<<<<<") == 1 and block in text, text
 
 
 def test_bundled_template_migrates_without_trust(renamed_config_repo: Path, tmp_path: Path) -> None:
@@ -352,7 +375,7 @@ def test_bundled_template_migrates_without_trust(renamed_config_repo: Path, tmp_
     config.write_text(config.read_text().replace("seed = 0", "seed = 1234  # my seed"))
     commit_all(project, "My seed")
     proc = sh([*DDP_NEW, "update", project], tmp_path, check=False, **env)
-    assert proc.returncode in (0, 3), proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     assert_edit_followed_the_move(project)
 
 
@@ -416,7 +439,7 @@ def test_hash_only_render_gets_its_migration(untagged_repo: Path, tmp_path: Path
     assert (version, warnings) == (NEW, [])
     proc = sh([*DDP_NEW, "update", project], tmp_path, check=False, HOME=str(home),
               DDP_NEW_BUNDLE=str(tmp_path / "new.bundle"))  # fmt: skip
-    assert proc.returncode in (0, 3), proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"from template {recorded} to {NEW}" in proc.stdout
     assert_edit_followed_the_move(project)  # the migration ran: the user's seed was kept
     assert yaml.safe_load((project / ".copier-answers.yml").read_text())["_commit"] == NEW
@@ -491,6 +514,38 @@ def test_plain_copier_on_a_project_of_this_checkout(tmp_path: Path) -> None:
     assert sh([*COPIER, "check-update", "--quiet"], project, check=False).returncode == 0
     sh([*COPIER, "update", "--defaults"], project)
     assert changed_paths(project) == set()
+
+
+def released(version: str, slow: bool = True):
+    return pytest.param(version, marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.mark.parametrize("tool", ["ddp-new", "copier"])
+@pytest.mark.parametrize("release", [released(v, slow=v != "0.1.0") for v in read_record(REPO)])
+def test_update_from_a_release_touches_only_what_changed(release: str, tool: str, tmp_path: Path) -> None:
+    """A project of each release, one unrelated file edited: the update is clean, whatever the
+    template renamed or migrated since (0.1.0's configs/default.toml is now example.toml)."""
+    if sh(["git", "cat-file", "-t", read_record(REPO)[release]], REPO, check=False).returncode:
+        pytest.skip(f"release {release} is not in this clone's history")
+    sh([*DDP_NEW, "demo", "-y", "--git", "--vcs-ref", f"v{release}"], tmp_path)
+    project = tmp_path / "demo"
+    model = project / "src" / "demo" / "model.py"
+    model.write_text(model.read_text() + "# user edit: keep me\n")
+    commit_all(project, "User edit")
+    update = [*DDP_NEW, "update"] if tool == "ddp-new" else [*COPIER, "update", "--defaults", "--trust"]
+    proc = sh(update, project, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert git(project, "diff", "--name-only", "--diff-filter=U") == ""
+    marked = [
+        p
+        for p in project.rglob("*")
+        if ".git" not in p.parts and p.is_file() and b"<<<<<<<" in p.read_bytes()
+    ]
+    assert marked == []
+    assert model.read_text().endswith("# user edit: keep me\n")
+    assert (project / "configs" / "example.toml").is_file() and not (
+        project / "configs" / "default.toml"
+    ).exists()
 
 
 def test_a_release_record_that_contradicts_a_tag_is_refused(untagged_repo: Path, tmp_path: Path) -> None:
