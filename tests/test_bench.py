@@ -86,3 +86,35 @@ def test_gpu_bench_script_runs_on_cpu(tmp_path: Path) -> None:
             rate = workload["rows"][contender]["median_samples_per_sec"]
             assert rate is not None and math.isfinite(rate) and rate > 0, (contender, rate)
     assert "target generated >= 0.97x reference" in done.stdout
+
+
+@pytest.mark.slow
+def test_ckpt_bench_reports_the_stall_of_every_save_under_every_load(tmp_path: Path) -> None:
+    """python -m bench.ckpt at tiny sizes: one run per load, each save measured beside a synchronous one."""
+    out = tmp_path / "ckpt.json"
+    cmd = [
+        sys.executable, "-m", "bench.ckpt", "--tiny", "--saves", "2", "--ckpt-every", "6",
+        "--threads", "1", "--settle", "0.5", "--json", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert str(out) in done.stdout
+    result = json.loads(out.read_text())
+    cores = os.cpu_count() or 1
+    runs = {r["load"]: r for r in result["runs"]}
+    assert set(runs) == {"idle", "busy", "heavy"}
+    assert {load: r["load_processes"] for load, r in runs.items()} == {
+        "idle": 0, "busy": cores, "heavy": 2 * cores + 1
+    }  # fmt: skip
+    for load, run in runs.items():
+        assert "error" not in run, (load, run["error"])
+        saves = run["analysis"]["saves"]
+        # The last step's save is not measured.
+        assert [s["step"] for s in saves] == [6, 12], (load, run["analysis"], run["saves"])
+        for s in saves:
+            assert s["sync_save_s"] > 0 and s["write_s"] > 0 and math.isfinite(s["ratio"]), (load, s)
+            assert s["ckpt_stall_s"] is not None and s["ckpt_stall_s"] > 0, (load, s)  # from metrics.jsonl
+            assert s["steps_counted"] >= 2, (load, s)  # the save's step and the tail
+        assert run["analysis"]["quiet_steps"] >= 1 and run["summary"]["step_s"] > 0
+    assert [t["target"].split(":")[0] for t in result["targets"]] == ["idle", "busy"]
