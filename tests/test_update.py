@@ -13,6 +13,7 @@ from conftest import REPO
 
 from generator import __version__
 from generator.releases import read_record
+from generator.update import _has_marker
 
 DDP_NEW = [sys.executable, "-m", "generator"]
 COPIER = [sys.executable, "-m", "copier"]
@@ -536,11 +537,7 @@ def test_update_from_a_release_touches_only_what_changed(release: str, tool: str
     proc = sh(update, project, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert git(project, "diff", "--name-only", "--diff-filter=U") == ""
-    marked = [
-        p
-        for p in project.rglob("*")
-        if ".git" not in p.parts and p.is_file() and b"<<<<<<<" in p.read_bytes()
-    ]
+    marked = [p for p in project.rglob("*") if ".git" not in p.parts and p.is_file() and _has_marker(p)]
     assert marked == []
     assert model.read_text().endswith("# user edit: keep me\n")
     assert (project / "configs" / "example.toml").is_file() and not (
