@@ -7,23 +7,51 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
+import typer.core
 from typer.core import TyperGroup
 
 from generator import __version__
 from generator.errors import EXIT_CONFLICTS, EXIT_INTERRUPTED, GeneratorError
 
+# The click that Typer runs on: its own copy in recent versions, the click package before.
+_click = getattr(typer.core, "_click", None) or __import__("click")
+
 
 class DefaultToNew(TyperGroup):
-    """Make `ddp-new NAME` mean `ddp-new new NAME` (Typer has no default subcommand)."""
+    """Make `ddp-new NAME` mean `ddp-new new NAME` (Typer has no default subcommand), and
+    report usage errors (an unknown option, a missing argument) on one line."""
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
             args = ["new", *args]
-        return super().parse_args(ctx, args)
+        with _one_line_usage_errors():
+            return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: typer.Context):
+        with _one_line_usage_errors():
+            return super().invoke(ctx)
+
+
+@contextmanager
+def _one_line_usage_errors() -> Iterator[None]:
+    """`error: No such option: -x (see ddp-new new --help)` on stderr, exit status 2, instead
+    of the usage, a hint and a box. Plain `ddp-new` still prints the help."""
+    no_args = getattr(_click.exceptions, "NoArgsIsHelpError", ())
+    try:
+        yield
+    except no_args:
+        raise
+    except _click.exceptions.UsageError as error:
+        where = f" (see {error.ctx.command_path} --help)" if error.ctx else ""
+        message = " ".join(error.format_message().split()).rstrip(".")
+        typer.echo(f"error: {message}{where}", err=True)
+        raise typer.Exit(error.exit_code) from None
 
 
 app = typer.Typer(
@@ -229,7 +257,7 @@ def options(
     ] = None,
 ) -> None:
     """Print every question: its key, type, default, choices and help (the keys of --data)."""
-    from generator import questions
+    from generator import prompts, questions
 
     try:
         root = template or questions.bundled_template()
@@ -246,7 +274,7 @@ def options(
         if q.choices:
             typer.echo(f"    choices: {', '.join(str(c) for c in q.choices)}")
         if q.default is not None:
-            typer.echo(f"    default: {q.default}")
+            typer.echo(f"    default: {prompts.describe_default(q)}")
 
 
 def main() -> None:

@@ -93,6 +93,26 @@ def _show(value: Any) -> str:
     return str(value)
 
 
+def describe_default(question: Question) -> str:
+    """A question's default as `ddp-new options` shows it: a template expression is rendered
+    when it needs no answers, else named by what it is computed from."""
+    default = question.default
+    if not (isinstance(default, str) and ("{{" in default or "{%" in default)):
+        return _show(default)
+    if "_copier_conf.dst_path" in default:
+        return "the project's directory name (NAME)"
+    from jinja2 import TemplateError, meta
+
+    try:
+        needs = sorted(meta.find_undeclared_variables(_env().parse(default)))
+        value = "" if needs else render(default, {})
+    except TemplateError:
+        return default
+    if needs:
+        return f"computed from {', '.join(needs)}"
+    return f"{value} (from today's date)" if "strftime" in default else value
+
+
 def _normalize(question: Question, raw: str) -> str:
     raw = raw.strip()
     return "" if question.multiselect and raw == "-" else raw
@@ -112,7 +132,11 @@ def render(template: str, context: dict[str, Any]) -> str:
 
 @cache
 def _compile(template: str) -> Any:
+    return _env().from_string(template)
+
+
+@cache
+def _env() -> Any:
     from jinja2.sandbox import SandboxedEnvironment
 
-    env = SandboxedEnvironment(extensions=["jinja2_ansible_filters.AnsibleCoreFiltersExtension"])
-    return env.from_string(template)
+    return SandboxedEnvironment(extensions=["jinja2_ansible_filters.AnsibleCoreFiltersExtension"])

@@ -13,6 +13,8 @@ from typing import Any
 from generator.errors import GeneratorError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+# A yes/no answer, at a prompt or in --data (the prompt says yes/no; true/false is YAML's spelling).
+BOOLEANS = {"yes": True, "y": True, "true": True, "no": False, "n": False, "false": False}
 
 
 def bundled_template() -> Path:
@@ -55,9 +57,9 @@ class Question:
             except ValueError:
                 raise GeneratorError(f"{self.key}: expected an integer, got {raw!r}") from None
         elif self.type == "bool":
-            value = load_yaml(raw)
-            if not isinstance(value, bool):
-                raise GeneratorError(f"{self.key}: expected true or false, got {raw!r}")
+            value = BOOLEANS.get(raw.strip().lower())
+            if value is None:
+                raise GeneratorError(f"{self.key}: expected yes or no (or true, false), got {raw!r}")
         else:
             value = raw
         if self.choices and value not in self.choices:

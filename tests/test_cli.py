@@ -51,6 +51,46 @@ def test_options_lists_every_question() -> None:
     assert all(q["help"] for q in questions.values())
     text = cli("options").output
     assert "launchers (str, several of)" in text and "choices: local, multinode, slurm" in text
+    assert "strategy (str)" in text and "choices: ddp, fsdp" in text
+
+
+def test_options_says_what_computed_defaults_mean() -> None:
+    """Not copier.yml's Jinja: what the default is, or what it is computed from."""
+    import datetime
+
+    text = cli("options").output
+    assert "{{" not in text and "{%" not in text, text
+    defaults = {}
+    for block in text.split("\n"):
+        if not block.startswith(" "):
+            key = block.split(" ")[0]
+        elif block.strip().startswith("default: "):
+            defaults[key] = block.strip().removeprefix("default: ")
+    assert defaults["project_name"] == "the project's directory name (NAME)"
+    assert defaults["package_name"] == "computed from project_name"
+    assert defaults["copyright_year"] == f"{datetime.date.today().year} (from today's date)"
+    assert defaults["include_ci"] == "yes"  # as the prompt shows it
+    assert defaults["launchers"] == "local,multinode,slurm"  # as --data takes it
+
+
+@pytest.mark.parametrize("args", [["-b"], ["new"], ["update", "--nope"], ["options", "--jsn"], ["a", "b"]])
+def test_usage_errors_are_one_line(args: list[str], tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "generator", *args], cwd=tmp_path, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
+    assert re.fullmatch(r"error: .+ \(see ddp-new (new|update|options) --help\)\n", proc.stderr), proc.stderr
+    assert listing(tmp_path) == []
+
+
+@pytest.mark.parametrize(("raw", "value"), [("yes", True), ("No", False), ("true", True), ("false", False),
+                                            ("y", True), ("n", False)])  # fmt: skip
+def test_yes_no_and_true_false_are_both_answers(raw: str, value: bool) -> None:
+    from generator.questions import Question
+
+    assert Question(key="include_ci", type="bool").parse(raw) is value
 
 
 @pytest.mark.parametrize("args", [["--help"], ["--version"], ["options"], ["new", "--help"]])
@@ -78,7 +118,7 @@ def test_defaults_render_into_name(tmp_path: Path, template_dir: Path) -> None:
 def test_data_sets_answers(tmp_path: Path, template_dir: Path) -> None:
     project = render(
         template_dir, tmp_path / "p", precision="fp32", grad_accum_steps=4, launchers=["local", "slurm"],
-        include_ci=False, package_name="custom_pkg",
+        include_ci="no", package_name="custom_pkg",
     )  # fmt: skip
     answers = answers_of(project)
     assert answers["precision"] == "fp32"
@@ -137,7 +177,7 @@ BAD_INPUTS = [
     (["p", "--data", "logger=neptune"], 2, "'neptune' is not one of"),
     (["p", "--data", "grad_accum_steps=0"], 2, "grad_accum_steps must be an integer from 1 to 1024"),
     (["p", "--data", "grad_accum_steps=two"], 2, "expected an integer"),
-    (["p", "--data", "include_ci=maybe"], 2, "expected true or false"),
+    (["p", "--data", "include_ci=maybe"], 2, "include_ci: expected yes or no (or true, false), got 'maybe'"),
     (["p", "--data", "author_email=nobody"], 2, "author_email must look like"),
     (["p", "--data", "project_name=q"], 2, "set the project name as NAME"),
     (["p", "--data", "noequals"], 2, "--data expects key=value"),

@@ -56,6 +56,9 @@ def test_questions_answered_at_the_terminal(tmp_path: Path) -> None:
     answer(child, "grad_accum_steps", "3")
     answer(child, "launchers", "local,slurm")
     answer(child, "logger", "")
+    child.expect_exact("include_ci (yes/no) [yes]: ")  # the hint and the error agree
+    child.sendline("maybe")
+    child.expect_exact("include_ci: expected yes or no (or true, false), got 'maybe'")
     answer(child, "include_ci", "no")
     status, output = finish(child)
     assert status == 0, output
