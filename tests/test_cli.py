@@ -73,6 +73,16 @@ def test_options_says_what_computed_defaults_mean() -> None:
     assert defaults["launchers"] == "local,multinode,slurm"  # as --data takes it
 
 
+def test_readme_documents_every_question() -> None:
+    from generator.questions import bundled_template, load_questions
+
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("### The questions") : readme.index("### Exit statuses")]
+    rows = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `")]
+    documented = {key for cell in rows for key in re.findall(r"`(\w+)`", cell)}
+    assert documented == set(load_questions(bundled_template()))
+
+
 @pytest.mark.parametrize("args", [["-b"], ["new"], ["update", "--nope"], ["options", "--jsn"], ["a", "b"]])
 def test_usage_errors_are_one_line(args: list[str], tmp_path: Path) -> None:
     proc = subprocess.run(
