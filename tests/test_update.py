@@ -283,7 +283,7 @@ def renamed_config_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("mig") / "ddp-new"
     repo.mkdir()
     config = yaml.safe_load((REPO / "copier.yml").read_text())
-    assert any("migrations/example_toml.py" in str(m["command"]) for m in config["_migrations"])
+    assert any("migrate_example_toml.py" in str(m["command"]) for m in config["_migrations"])
     del config["_migrations"]  # the old release had none
     (repo / "copier.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     shutil.copytree(REPO / "template", repo / "template", ignore=shutil.ignore_patterns("__pycache__"))
@@ -293,7 +293,8 @@ def renamed_config_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     commit_all(repo, "before the move")
     git(repo, "tag", OLD)
     shutil.copy2(REPO / "copier.yml", repo / "copier.yml")
-    shutil.copytree(REPO / "migrations", repo / "migrations", ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / "generator").mkdir()
+    shutil.copy2(REPO / "generator" / "migrate_example_toml.py", repo / "generator")
     moved = configs / "example.toml.jinja"
     (configs / "default.toml.jinja").rename(moved)
     moved.write_text(moved.read_text().replace("max_steps = 300", "max_steps = 500"))

@@ -8,7 +8,8 @@ version rendered (the base), the user's file and the new example.toml, with copi
 labels; the deletion of default.toml is staged (git's record that the file moved). A user's own
 example.toml was merged by copier already and is left alone.
 
-Usage, in the project: python example_toml.py TEMPLATE_CLONE VERSION_FROM (copier.yml passes them).
+Usage, in the project: python migrate_example_toml.py TEMPLATE_CLONE VERSION_FROM (copier.yml
+passes them). It runs in the Python that runs copier, with copier's own dependencies only.
 """
 
 import subprocess
