@@ -161,10 +161,14 @@ def worker(args: argparse.Namespace) -> None:
     emit({"times": clock.times, "saves": saves})
 
 
-def analyse(times: list[float], saves: list[dict[str, Any]], warmup: int, tail: int) -> dict[str, Any]:
+def analyse(
+    times: list[float], saves: list[dict[str, Any]], warmup: int, tail: int, neighbours: int = 10
+) -> dict[str, Any]:
     """Per measured save: its stall (a), the synchronous save (b), and the ratio; see the docstring.
 
     times[n - 1] is the end of optimizer step n; step n's interval is (times[n - 2], times[n - 1]].
+    A save's steps are compared with the median of the `neighbours` quiet steps (no save, no
+    write) nearest to them, so that a drift of the machine's other load cancels out.
     """
     steps = {n: (times[n - 2], times[n - 1]) for n in range(max(2, warmup + 1), len(times) + 1)}
     claimed: dict[int, int] = {}  # step -> the save whose stall it counts in
@@ -177,15 +181,16 @@ def analyse(times: list[float], saves: list[dict[str, Any]], warmup: int, tail: 
             continue
         for n in range(touched[0], touched[-1] + tail + 1):
             claimed.setdefault(n, k)
-    quiet = [b - a for n, (a, b) in steps.items() if n not in claimed]
+    quiet = {n: b - a for n, (a, b) in steps.items() if n not in claimed}
     if not quiet:
         raise RuntimeError("no step without a save or a write to take the step time from")
-    base = statistics.median(quiet)
     rows = []
     for k, s in enumerate(measured):
         mine = [n for n, owner in claimed.items() if owner == k]
         if not mine:
             continue
+        nearest = sorted(quiet, key=lambda n: min(abs(n - m) for m in mine))[:neighbours]
+        base = statistics.median(quiet[n] for n in nearest)
         extra = sum(steps[n][1] - steps[n][0] for n in mine) - s["sync_total_s"] - len(mine) * base
         in_save = s["end"] - s["start"]
         rows.append(
@@ -197,12 +202,14 @@ def analyse(times: list[float], saves: list[dict[str, Any]], warmup: int, tail: 
                 "sync_save_s": s["sync_save_s"],
                 "ratio": extra / s["sync_save_s"],
                 "steps_counted": len(mine),
+                "step_s": base,
                 "write_s": s["write_end"] - s["write_start"],
                 "writer_cpu_s": s["writer_cpu_s"],
                 "ckpt_stall_s": s.get("ckpt_stall_s"),
             }
         )
-    return {"step_s": base, "quiet_steps": len(quiet), "saves": rows, "skipped": skipped}
+    step_s = statistics.median(quiet.values())
+    return {"step_s": step_s, "quiet_steps": len(quiet), "saves": rows, "skipped": skipped}
 
 
 @contextlib.contextmanager
