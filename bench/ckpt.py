@@ -1,7 +1,7 @@
 """How long a background checkpoint stalls training, next to a synchronous save of the same state,
 on an idle machine and on busy ones.
 
-    python -m bench.ckpt                     # idle, busy, heavy: one run each (~3-5 min on 2 cores)
+    python -m bench.ckpt                     # idle, busy, heavy: one run each (9 min on 2 shared cores)
     python -m bench.ckpt --rounds 2          # every load twice, interleaved
     python -m bench.ckpt --loads idle,heavy --saves 8
 
