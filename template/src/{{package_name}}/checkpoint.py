@@ -173,7 +173,7 @@ class Checkpointer:
         self._thread: threading.Thread | None = None
         self._writing: Path | None = None  # the checkpoint being written
         self.problem: str | None = None  # why the last write failed (rank 0), once it has
-        self._pinned: dict[str, torch.Tensor] = {}  # host buffers, reused by every save
+        self._buffers: dict[str, torch.Tensor] = {}  # host copies of the state, for every save
         self._last_save = time.monotonic()
 
     def due_by_time(self) -> int:
@@ -228,17 +228,19 @@ class Checkpointer:
             self._writing.with_name(self._writing.name + ".tmp").unlink(missing_ok=True)
 
     def _stage(self, value: Any, key: str = "") -> Any:
-        """A copy of `value` whose tensors live in host memory (for a GPU: queued copies)."""
+        """A copy of `value` whose tensors live in host memory, in buffers kept from the last
+        save (the write of which has finished): allocating and filling a new copy each time
+        cost a third of a synchronous save, on the training thread. For a GPU: queued copies
+        into pinned memory."""
         if isinstance(value, torch.Tensor):
-            if value.device.type == "cpu":
-                return value.detach().clone()  # training updates parameters in place
-            buffer = self._pinned.get(key)
+            on_gpu = value.device.type != "cpu"
+            buffer = self._buffers.get(key)
             if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
-                buffer = torch.empty_like(value, device="cpu", pin_memory=True)
-                self._pinned[key] = buffer
-            # Queued on the current stream, so it reads the values before the next optimizer
-            # step's kernels change them; non_blocking: the host does not wait for it here.
-            return buffer.copy_(value.detach(), non_blocking=True)
+                buffer = torch.empty_like(value, device="cpu", pin_memory=on_gpu)
+                self._buffers[key] = buffer
+            # On a GPU, queued on the current stream, so it reads the values before the next
+            # optimizer step's kernels change them; non_blocking: the host does not wait here.
+            return buffer.copy_(value.detach(), non_blocking=on_gpu)
         if isinstance(value, dict):
             return {k: self._stage(v, f"{key}/{k}") for k, v in value.items()}
         if isinstance(value, (list, tuple)):
