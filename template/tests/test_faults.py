@@ -23,7 +23,6 @@ from helpers import (
     STEP_10,
     STRATEGY,
     TINY,
-    TOLERANCE,
     checkpoint_files,
     copy_checkpoint,
     cpu_fp16_autocast_works,
@@ -252,6 +251,9 @@ def test_kill_during_a_save_keeps_the_previous_checkpoint(
 # A global batch of 12 (2 ranks x 6 x 1, or 1 x 4 x 3): 64 training samples are 5 steps per
 # epoch, and 4 samples of each epoch are left out, whatever the split (a short last step would
 # depend on it: 4 samples make a micro-batch of 4, not of 6). Step 4 is in the middle of an epoch.
+# Micro-batches of other sizes sum in another order, which AdamW amplifies where a gradient is
+# near zero: 1.2e-5 measured (lm), above TOLERANCE; a wrong data position moves them by ~1e-2.
+SPLIT_TOLERANCE = 1e-4
 TWO_RANKS = ["--batch-size=6", "--grad-accum-steps=1", "--max-steps=8", "--ckpt-every=4"]
 ONE_PROCESS = ["--batch-size=4", "--grad-accum-steps=3", "--max-steps=8", "--ckpt-every=4"]
 STEP_4, STEP_8 = Path("checkpoints", "step_00000004.pt"), Path("checkpoints", "step_00000008.pt")
@@ -265,7 +267,7 @@ def test_resume_on_another_world_size_with_the_same_global_batch(
     launch(two, *TWO_RANKS, nproc=2)
     assert train_here(*ONE_PROCESS, out_dir=one) == 0
     # The split of the global batch changes nothing but the order of float sums.
-    assert max_difference(load_model(two / STEP_8), load_model(one / STEP_8)) < TOLERANCE
+    assert max_difference(load_model(two / STEP_8), load_model(one / STEP_8)) < SPLIT_TOLERANCE
     # 2 ranks -> 1 process, and 1 process -> 2 ranks, from step 4 (mid-epoch) to step 8.
     assert train_here(*ONE_PROCESS, f"--resume={two / STEP_4}", out_dir=tmp_path / "2to1") == 0
     out = capsys.readouterr().out
@@ -273,12 +275,12 @@ def test_resume_on_another_world_size_with_the_same_global_batch(
     assert "PowerSGD" not in out  # nothing said of PowerSGD's state
     launch(tmp_path / "1to2", *TWO_RANKS, f"--resume={one / STEP_4}", nproc=2)
     for resumed, straight in (("2to1", two), ("1to2", one)):
-        # The model has no dropout, so the RNG does not matter (see TOLERANCE).
+        # The model has no dropout, so the RNG does not matter (see SPLIT_TOLERANCE).
         difference = max_difference(
             load_model(straight / STEP_8), load_model(tmp_path / resumed / STEP_8)
         )
         print(f"resumed {resumed} vs straight: max |diff| {difference:.2e}")
-        assert difference < TOLERANCE
+        assert difference < SPLIT_TOLERANCE
         assert read_metrics(tmp_path / resumed)[0]["step"] == 5  # no step lost or repeated
 
 
