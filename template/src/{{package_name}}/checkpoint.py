@@ -9,16 +9,16 @@ Under --strategy fsdp the model and optimizer go into a directory of shards next
 step_N.dcp/, which the .pt file completes (sharded.py).
 Which checkpoint a run starts from (--resume, --init-from) is decided in resume.py.
 
-Saving does not stall training (Checkpointer): the state is copied off the device (to pinned
-host memory, in stream order, so the next step cannot change it under the copy) and a
-background thread writes it while training goes on. One save is in flight at most: the next
-one first waits for it. Writes are atomic (a temporary file, fsync, rename): a crash
-mid-write leaves the previous checkpoint as the newest readable one.
+Saving does not stall training (Checkpointer): the state is copied into host buffers that
+every save reuses (pinned memory for a GPU, in stream order, so the next step cannot change it
+under the copy) and a background thread writes it while training goes on. One save is in
+flight at most: the next one first waits for it. Writes are atomic (a temporary file, fsync,
+rename): a crash mid-write leaves the previous checkpoint as the newest readable one.
 
 Rotation keeps the checkpoint just written and the newest --keep-last - 1 before it, and
 leaves later steps alone. A save that fails (a full disk, say) leaves no partial file behind;
-the ranks learn it at the next step that logs, or at the next save, or at the end of the run,
-and all of them stop there with one line saying which checkpoint is left. A run whose
+the ranks learn it at the next step that logs (or at the end of the run), and all of them
+stop there with one line saying which checkpoint is left. A run whose
 run.lock another run has taken over (lock.py) writes and deletes nothing more.
 """
 
