@@ -43,10 +43,16 @@ def save(model: nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None
     """All ranks write their shards of model and optimizer into shard_dir(path). A collective."""
     final = shard_dir(path)
     tmp = final.with_name(final.name + ".tmp")
+    failed = None
     if dist.is_main():  # a crashed save's leftovers; no other process writes here (run.lock)
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    dist.barrier()
+        try:
+            tmp.mkdir(parents=True)
+        except OSError as err:  # a read-only or full file system
+            failed = err
+    failed = dist.from_main(failed)  # every rank raises it, none waits alone in a collective
+    if failed:
+        raise failed
     # FQN-keyed state dicts ("net.0.weight"), the same whatever the wrapping and world size.
     model_state, optimizer_state = get_state_dict(model, optimizer)
     try:
