@@ -84,7 +84,7 @@ class TrainerCall(NamedTuple):
 # no longer has stops the run (trainer_call_owner), so that a rename cannot drop a timer unseen.
 TRAINER_CALLS = (
     TrainerCall(
-        "train", "forward_backward", "forward+backward (incl. DDP all-reduce)", data_wait_from_result=True
+        "step", "forward_backward", "forward+backward (incl. DDP all-reduce)", data_wait_from_result=True
     ),
     TrainerCall("dist.AgreeLater", "start", "flags: start the background all-reduce"),
     TrainerCall("dist.AgreeLater", "result", "flags: collect the previous step's all-reduce"),
@@ -92,7 +92,7 @@ TRAINER_CALLS = (
     TrainerCall("metrics.Logger", "log", "metrics: write + print", "log"),
     # Builds the checkpoint's state (a collective); Checkpointer.save calls it itself, and
     # Timers counts a nested call once.
-    TrainerCall("checkpoint.TrainState", "state_dict", "checkpoint: TrainState.state_dict", "checkpoint"),
+    TrainerCall("state.TrainState", "state_dict", "checkpoint: TrainState.state_dict", "checkpoint"),
     TrainerCall(
         "checkpoint.Checkpointer", "save", "checkpoint: save (stall; the write is a thread)", "checkpoint"
     ),

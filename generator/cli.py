@@ -126,13 +126,15 @@ def new(
         render.check_name(name)
         if template is not None:
             src = render.check_template(template)
-            answers = questions.parse_data(data or [], _local_questions(src))
+            known = _local_questions(src)
         else:
             known = questions.load_questions(questions.bundled_template())
-            answers = questions.parse_data(data or [], known)
+        answers = questions.parse_data(data or [], known)
         if "project_name" in answers:
             raise GeneratorError("set the project name as NAME, not with --data project_name=...")
         answers["project_name"] = name
+        if not isinstance(known, _AnyKey):
+            _check_asked(known, answers, {}, None)
         target = render.resolve_target(dest or Path(name))
         render.check_target(target, force)
         if template is None:
@@ -149,6 +151,21 @@ def new(
         typer.echo("interrupted; nothing was written", err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
     _print_next_steps(target)
+
+
+def _check_asked(known: dict, data: dict, recorded: dict, project: Path | None) -> None:
+    """Refuse --data for a question these answers skip (strategy without 'fsdp' in features):
+    copier would render with it once and not record it, so the next update would undo it."""
+    from generator import prompts
+
+    with prompts.new_destination() as empty:
+        skipped = prompts.unasked(known, data, recorded, project or empty)
+    if skipped:
+        key = skipped[0]
+        raise GeneratorError(
+            f"--data {key}: the question is asked only when {prompts.describe_when(known[key])},"
+            " which these answers do not meet; change those answers too (ddp-new options)"
+        )
 
 
 def _ask(known: dict, answers: dict) -> dict:
@@ -222,7 +239,10 @@ def update(
         src = str(answers["_src_path"])
         bundled = src == updating.LINK
         known = questions.load_questions(questions.bundled_template()) if bundled else _local_questions(src)
-        report = updating.update(path, questions.parse_data(data or [], known), vcs_ref=vcs_ref, trust=trust)
+        given = questions.parse_data(data or [], known)
+        if not isinstance(known, _AnyKey):
+            _check_asked(known, given, answers, path.resolve())
+        report = updating.update(path, given, vcs_ref=vcs_ref, trust=trust)
     except GeneratorError as error:
         raise _fail(error) from None
     except KeyboardInterrupt:
@@ -240,10 +260,14 @@ def update(
         for item in report.conflicts:
             typer.echo(f"  conflict {item}  (edit the <<<<<<< markers)", err=True)
         for item in report.kept:
+            if given:  # a changed answer may drop files: a capability taken out of features
+                why = "your new answers or the new template dropped this file"
+                then = "keep it as your own, or carry your changes over and delete it"
+            else:
+                why = "the new template dropped or moved this file"
+                then = "carry your changes over, then delete it"
             typer.echo(
-                f"  conflict {item}  (the new template dropped or moved this file, which you had"
-                " changed: your version is kept; carry your changes over, then delete it)",
-                err=True,
+                f"  conflict {item}  ({why}, which you had changed: your version is kept; {then})", err=True
             )
         raise typer.Exit(EXIT_CONFLICTS)
     typer.echo("Review with `git diff`, then commit.")
@@ -275,6 +299,8 @@ def options(
             typer.echo(f"    choices: {', '.join(str(c) for c in q.choices)}")
         if q.default is not None:
             typer.echo(f"    default: {prompts.describe_default(q)}")
+        if q.when is not True:
+            typer.echo(f"    asked only when: {prompts.describe_when(q)}")
 
 
 def main() -> None:

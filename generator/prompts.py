@@ -10,14 +10,18 @@ checks every answer once more when it renders.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from generator.errors import GeneratorError
-from generator.questions import Question
+from generator.questions import Question, load_yaml
 
 FALSE = {"", "0", "n", "no", "f", "false", "off", "~", "null", "none"}  # as copier reads `when`
+ANSWERS_FILE = ".copier-answers.yml"
 
 
 def ask(
@@ -26,7 +30,19 @@ def ask(
     read: Callable[[str], str] = input,
     write: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Answers for every question not in `given`, asked in copier.yml's order."""
+    """Answers for every question not in `given`, asked in copier.yml's order, for a new
+    project (copier renders it into an empty directory: the defaults are computed there)."""
+    with new_destination() as dst:
+        return _ask(questions, given, read, write, copier_context(dst))
+
+
+def _ask(
+    questions: dict[str, Question],
+    given: dict[str, Any],
+    read: Callable[[str], str],
+    write: Callable[[str], None],
+    system: dict[str, Any],
+) -> dict[str, Any]:
     answers = dict(given)
     for key, value in given.items():  # NAME and --data: refuse a bad one before asking anything
         problem = _problem(questions[key], value, answers) if key in questions else ""
@@ -34,9 +50,9 @@ def ask(
             raise GeneratorError(problem)
     write("Answer each question; Enter takes the [default]. Ctrl-C stops, writing nothing.")
     for question in questions.values():
-        if question.key in answers or not _asked(question, answers):
+        if question.key in answers or not _asked(question, {**system, **answers}):
             continue
-        default = _default(question, answers)
+        default = _default(question, {**system, **answers})
         write("")
         write(f"{question.help}")
         while True:
@@ -59,6 +75,51 @@ def ask(
     return answers
 
 
+@contextmanager
+def new_destination() -> Iterator[Path]:
+    """An empty directory: where copier renders a new project (render.py's scratch directory)."""
+    with tempfile.TemporaryDirectory(prefix="ddp-new-questions.") as tmp:
+        yield Path(tmp)
+
+
+def copier_context(dst: Path) -> dict[str, Any]:
+    """What copier.yml's expressions may read of copier's own settings, rendering into `dst`:
+    `features` defaults to every capability where `dst` already holds an answers file."""
+    return {"_copier_conf": {"dst_path": str(dst), "answers_file": ANSWERS_FILE}}
+
+
+def unasked(
+    questions: dict[str, Question], given: dict[str, Any], known: dict[str, Any], dst: Path
+) -> list[str]:
+    """The keys of `given` (--data) whose question is not asked with these answers (`given`,
+    then `known`, a project's recorded answers, then the defaults, rendering into `dst`), and
+    whose value is not the default: copier would render with it once but not record it, so the
+    next update would lose it."""
+    from jinja2 import TemplateError
+
+    answers = copier_context(dst)
+    for question in questions.values():
+        key = question.key
+        if key in given:
+            answers[key] = given[key]
+        elif key in known:
+            answers[key] = known[key]
+        else:
+            try:
+                answers[key] = _default(question, answers)
+            except (TemplateError, GeneratorError, ValueError):  # left out: `when` decides without it
+                continue
+    skipped = []
+    for key in given:
+        try:
+            question = questions.get(key)
+            if question and not _asked(question, answers) and given[key] != _default(question, answers):
+                skipped.append(key)
+        except (TemplateError, GeneratorError, ValueError):  # cannot tell here; copier decides
+            continue
+    return skipped
+
+
 def _asked(question: Question, answers: dict[str, Any]) -> bool:
     when = question.when
     if isinstance(when, str):
@@ -70,6 +131,8 @@ def _default(question: Question, answers: dict[str, Any]) -> Any:
     default = question.default
     if isinstance(default, str) and "{" in default:
         default = render(default, answers)
+        if question.multiselect:  # copier reads a rendered list as YAML
+            default = load_yaml(default) if default.strip() else []
     if question.type == "int" and isinstance(default, str):
         default = int(default)
     return [] if default is None and question.multiselect else default
@@ -99,10 +162,21 @@ def describe_default(question: Question) -> str:
     default = question.default
     if not (isinstance(default, str) and ("{{" in default or "{%" in default)):
         return _show(default)
-    if "_copier_conf.dst_path" in default:
-        return "the project's directory name (NAME)"
     from jinja2 import TemplateError, meta
 
+    if "_copier_conf.answers_file" in default:  # features: none for a new project, all for an old one
+        try:
+            with new_destination() as dst:
+                new = _show(_default(question, copier_context(dst)) or "none")
+                (dst / ANSWERS_FILE).touch()
+                old = _show(_default(question, copier_context(dst)) or "none")
+        except (TemplateError, GeneratorError):
+            return default
+        if new == old:
+            return new
+        return f"{new} for a new project; {old} when updating a project rendered before this question"
+    if "_copier_conf.dst_path" in default:
+        return "the project's directory name (NAME)"
     try:
         needs = sorted(meta.find_undeclared_variables(_env().parse(default)))
         value = "" if needs else render(default, {})
@@ -111,6 +185,14 @@ def describe_default(question: Question) -> str:
     if needs:
         return f"computed from {', '.join(needs)}"
     return f"{value} (from today's date)" if "strftime" in default else value
+
+
+def describe_when(question: Question) -> str:
+    """The condition under which a question is asked, as copier.yml writes it without the braces."""
+    when = question.when
+    if isinstance(when, str):
+        return " ".join(when.replace("{{", "").replace("}}", "").split())
+    return "never" if not when else "always"
 
 
 def _normalize(question: Question, raw: str) -> str:

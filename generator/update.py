@@ -3,7 +3,8 @@
 copier does the three-way merge. This module adds what copier leaves to the user: refusing
 a dirty or non-git project up front, pointing copier at this installation's template
 history, reporting conflicts (copier exits 0 even when it leaves conflict markers), and
-keeping files that the user changed but the new template no longer has (copier deletes them).
+keeping files that the user changed but the new template, or the new answers, no longer
+have (copier deletes them).
 """
 
 from __future__ import annotations
@@ -143,7 +144,8 @@ def _has_marker(path: Path) -> bool:
 def _keep_user_changed(project: Path, answers: dict[str, Any], report: UpdateReport, *, trust: bool) -> None:
     """Restore files that the update deleted although the user had changed them; report them.
 
-    copier deletes every file the old template had and the new one has not, edited or not.
+    copier deletes every file the old render had and the new one has not, edited or not: a
+    file the new template dropped, or one of a capability dropped from `features` by --data.
     A file that differs from what the old template rendered holds the user's work: it is
     restored as committed, and reported like a conflict, for the user to move or delete.
     (A migration's `git mv` is a staged deletion: the user's file moved, nothing to restore.)

@@ -43,15 +43,19 @@ def test_options_lists_every_question() -> None:
     expected = {
         "project_name", "package_name", "description", "author_name", "author_email",
         "python_version", "precision", "grad_accum_steps", "launchers", "logger", "task",
-        "include_ci", "license",
+        "include_ci", "license", "features", "strategy",
     }  # fmt: skip
     assert expected <= set(questions)
     assert questions["precision"]["choices"] == ["bf16", "fp16", "fp32"]
     assert questions["launchers"]["multiselect"] is True
+    assert questions["features"]["multiselect"] is True
+    assert questions["features"]["choices"] == ["fsdp", "comm_hooks", "tools", "profiler"]
     assert all(q["help"] for q in questions.values())
     text = cli("options").output
     assert "launchers (str, several of)" in text and "choices: local, multinode, slurm" in text
+    assert "features (str, several of)" in text and "choices: fsdp, comm_hooks, tools, profiler" in text
     assert "strategy (str)" in text and "choices: ddp, fsdp" in text
+    assert "asked only when: 'fsdp' in features" in text
 
 
 def test_options_says_what_computed_defaults_mean() -> None:
@@ -71,6 +75,22 @@ def test_options_says_what_computed_defaults_mean() -> None:
     assert defaults["copyright_year"] == f"{datetime.date.today().year} (from today's date)"
     assert defaults["include_ci"] == "yes"  # as the prompt shows it
     assert defaults["launchers"] == "local,multinode,slurm"  # as --data takes it
+    assert defaults["features"] == (
+        "none for a new project; fsdp,comm_hooks,tools,profiler when updating a project rendered"
+        " before this question"
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "value"),
+    [("", []), ("tools", ["tools"]), ("tools,profiler", ["tools", "profiler"]),
+     (" fsdp , comm_hooks ", ["fsdp", "comm_hooks"]), ("[tools, fsdp]", ["tools", "fsdp"])],
+)  # fmt: skip
+def test_features_data_is_a_list(raw: str, value: list[str]) -> None:
+    """`--data features=` is none (the lean core); a comma-separated or YAML list is several."""
+    from generator.questions import bundled_template, load_questions, parse_data
+
+    assert parse_data([f"features={raw}"], load_questions(bundled_template())) == {"features": value}
 
 
 def test_readme_documents_every_question() -> None:
@@ -121,6 +141,8 @@ def test_defaults_render_into_name(tmp_path: Path, template_dir: Path) -> None:
     answers = answers_of(tmp_path / "demo-proj")
     assert answers["project_name"] == "demo-proj"
     assert answers["package_name"] == "demo_proj"
+    assert answers["features"] == [] and "strategy" not in answers  # the lean core
+    assert not (tmp_path / "demo-proj" / "src" / "demo_proj" / "doctor.py").exists()
     assert "demo_proj.train" in result.output  # next steps name the entry point
     assert listing(tmp_path)[0] == "demo-proj"  # no temporary directory left beside it
 
@@ -128,9 +150,12 @@ def test_defaults_render_into_name(tmp_path: Path, template_dir: Path) -> None:
 def test_data_sets_answers(tmp_path: Path, template_dir: Path) -> None:
     project = render(
         template_dir, tmp_path / "p", precision="fp32", grad_accum_steps=4, launchers=["local", "slurm"],
-        include_ci="no", package_name="custom_pkg",
+        include_ci="no", package_name="custom_pkg", features=["fsdp", "tools"], strategy="fsdp",
     )  # fmt: skip
     answers = answers_of(project)
+    assert answers["features"] == ["fsdp", "tools"] and answers["strategy"] == "fsdp"
+    assert (project / "src" / "custom_pkg" / "doctor.py").is_file()
+    assert not (project / "src" / "custom_pkg" / "profiling.py").exists()
     assert answers["precision"] == "fp32"
     assert answers["grad_accum_steps"] == 4
     assert answers["launchers"] == ["local", "slurm"]
@@ -184,6 +209,10 @@ BAD_INPUTS = [
     (["p", "--data", "nosuchkey=1"], 2, "unknown question"),
     (["p", "--data", "precision=fp8"], 2, "'fp8' is not one of: bf16, fp16, fp32"),
     (["p", "--data", "launchers=local,mpi"], 2, "'mpi' is not one of"),
+    (["p", "--data", "features=tools,gpu"], 2, "--data features: 'gpu' is not one of: fsdp, comm_hooks"),
+    # strategy is asked only with fsdp: copier would render the answer once and not record it
+    (["p", "--data", "strategy=fsdp"], 2, "--data strategy: the question is asked only when 'fsdp' in"),
+    (["p", "--data", "license=Proprietary", "--data", "copyright_year=2020"], 2, "only when license !="),
     (["p", "--data", "logger=neptune"], 2, "'neptune' is not one of"),
     (["p", "--data", "grad_accum_steps=0"], 2, "grad_accum_steps must be an integer from 1 to 1024"),
     (["p", "--data", "grad_accum_steps=two"], 2, "expected an integer"),

@@ -51,43 +51,49 @@ def test_torchrun_two_processes(project: Path, tmp_path: Path) -> None:
 # The generated suite for answers that together take every value class the questions offer:
 # each precision, accumulation 1 and more (the suite's own tests must not assume 1 or 2), the
 # loggers (tensorboard, wandb, mlflow; none in the quickstart tests), all launchers, none, and one
-# alone; the language-model task; and the fsdp strategy. The tools' tests (doctor, check_sync,
-# plot, --profile: about a minute) run in the first row only: their code does not depend on the
-# answers.
+# alone; the language-model task; the lean core (no features), every capability alone and all
+# of them together (fsdp as the default strategy).
+ALL_FEATURES = ["fsdp", "comm_hooks", "tools", "profiler"]
 SUITE_MATRIX = {
-    "bf16-accum1-all-launchers-wandb": dict(precision="bf16", logger="wandb"),
+    "lean-bf16-accum1-all-launchers-wandb": dict(precision="bf16", logger="wandb"),
+    "all-features-fsdp-fp16-accum2-local": dict(
+        features=ALL_FEATURES, strategy="fsdp", precision="fp16", grad_accum_steps=2, launchers=["local"]
+    ),
     "fp16-accum3-tensorboard-no-launchers": dict(
         precision="fp16", grad_accum_steps=3, logger="tensorboard", launchers=[]
     ),
     "fp32-accum2-slurm-only-mlflow": dict(
         precision="fp32", grad_accum_steps=2, launchers=["slurm"], logger="mlflow"
     ),
-    "lm-bf16-accum2-local": dict(task="lm", precision="bf16", grad_accum_steps=2, launchers=["local"]),
-    "fsdp-fp16-accum2-local": dict(
-        strategy="fsdp", precision="fp16", grad_accum_steps=2, launchers=["local"]
+    "lm-bf16-accum2-local-tools-profiler": dict(
+        task="lm", precision="bf16", grad_accum_steps=2, launchers=["local"], features=["tools", "profiler"]
     ),
+    "fsdp-alone": dict(features=["fsdp"], strategy="fsdp", launchers=["local"]),
+    "comm-hooks-alone": dict(features=["comm_hooks"], launchers=["local"]),
+    "tools-alone": dict(features=["tools"], launchers=["local"]),
+    "profiler-alone": dict(features=["profiler"], launchers=["local"]),
 }
-# Rows that run part of the suite, to keep CI time down: the first row runs all of it; the
-# others the tests that their answers change. With fsdp as the default every run takes the
-# sharded path; the in-process tests and the 2-rank reference comparisons cover it.
-# tests/test_strategies.py compares fsdp with ddp (it names the strategy itself).
+# Rows that run part of the suite, to keep CI time down: the first row (the lean core) runs all
+# of it; the others the tests that their answers change. A capability alone runs its own tests;
+# all of them together, the core tests that take the sharded path with fsdp as the default
+# strategy (and ruff, in tests/test_render.py, for every row and more).
 SUITE_SELECTION = {
+    "all-features-fsdp-fp16-accum2-local": [
+        "tests/test_config.py", "tests/test_checkpoint.py", "tests/test_train.py",
+        "tests/test_resume.py", "tests/test_distributed.py",
+    ],
     "fp16-accum3-tensorboard-no-launchers": [
-        "tests/test_config.py", "tests/test_checkpoint.py", "tests/test_train.py",
-        "tests/test_resume.py", "tests/test_host_reads.py", "tests/test_distributed.py",
+        "tests/test_config.py", "tests/test_train.py", "tests/test_distributed.py",
     ],
-    "fp32-accum2-slurm-only-mlflow": [
-        "tests/test_launch_scripts.py", "tests/test_tracking.py", "tests/test_train.py",
-        "tests/test_resume.py", "tests/test_host_reads.py",
+    "fp32-accum2-slurm-only-mlflow": ["tests/test_launch_scripts.py", "tests/test_tracking.py"],
+    "lm-bf16-accum2-local-tools-profiler": [
+        "tests/test_lm.py", "tests/test_distributed.py", "tests/test_train.py", "tests/test_resume.py",
+        "tests/test_tools.py", "tests/test_profiler.py",
     ],
-    "lm-bf16-accum2-local": [
-        "--ignore=tests/test_tools.py", "--ignore=tests/test_plot.py",
-        "--ignore=tests/test_strategies.py", "--ignore=tests/test_lock.py",
-    ],
-    "fsdp-fp16-accum2-local": [
-        "tests/test_config.py", "tests/test_checkpoint.py", "tests/test_train.py",
-        "tests/test_resume.py", "tests/test_distributed.py", "tests/test_strategies.py",
-    ],
+    "fsdp-alone": ["tests/test_fsdp.py"],
+    "comm-hooks-alone": ["tests/test_comm_hooks.py"],
+    "tools-alone": ["tests/test_tools.py", "tests/test_plot.py"],
+    "profiler-alone": ["tests/test_profiler.py"],
 }  # fmt: skip
 
 

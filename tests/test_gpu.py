@@ -42,8 +42,9 @@ def test_train_on_all_gpus_with_nccl(template_dir: Path, tmp_path: Path, precisi
     assert (out / "checkpoints" / "step_00000030.pt").is_file()
 
 
-def test_generated_gpu_tests_pass(template_dir: Path, tmp_path: Path) -> None:
-    project = render(template_dir, tmp_path / "proj")
+@pytest.mark.parametrize("features", [[], ["fsdp", "comm_hooks", "tools", "profiler"]], ids=["lean", "all"])
+def test_generated_gpu_tests_pass(template_dir: Path, tmp_path: Path, features: list[str]) -> None:
+    project = render(template_dir, tmp_path / "proj", features=features)
     proc = run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider"], cwd=project)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert " passed" in proc.stdout, proc.stdout[-2000:]

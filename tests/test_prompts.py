@@ -14,6 +14,9 @@ pexpect = pytest.importorskip("pexpect")
 pytestmark = pytest.mark.skipif(os.name == "nt", reason="pseudo-terminals are POSIX")
 
 
+FEATURES_HINT = "(any of fsdp, comm_hooks, tools, profiler; comma-separated, '-' for none)"
+
+
 def spawn(*args: str | Path, cwd: Path) -> pexpect.spawn:
     env = {**os.environ, "PYTHONPATH": str(REPO), "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm"}
     return pexpect.spawn(
@@ -48,7 +51,11 @@ def test_questions_answered_at_the_terminal(tmp_path: Path) -> None:
     answer(child, "precision", "fp8")
     child.expect_exact("precision: 'fp8' is not one of: bf16, fp16, fp32")
     answer(child, "precision", "fp32")
-    answer(child, "strategy", "fsdp")
+    child.expect_exact(f"  features {FEATURES_HINT} [-]: ")  # a new project starts lean
+    child.sendline("fsdp,gpu")
+    child.expect_exact("features: 'gpu' is not one of: fsdp, comm_hooks, tools, profiler")
+    answer(child, "features", "fsdp,tools")
+    answer(child, "strategy", "fsdp")  # asked: fsdp is among the features
     answer(child, "grad_accum_steps", "two")
     child.expect_exact("grad_accum_steps: expected an integer, got 'two'")
     answer(child, "grad_accum_steps", "0")
@@ -70,8 +77,23 @@ def test_questions_answered_at_the_terminal(tmp_path: Path) -> None:
         "Apache-2.0",
     )
     assert answers["launchers"] == ["local", "slurm"] and answers["include_ci"] is False
-    assert answers["strategy"] == "fsdp"
+    assert answers["features"] == ["fsdp", "tools"] and answers["strategy"] == "fsdp"
     assert not (tmp_path / "proj" / ".github").exists()
+
+
+def test_strategy_is_not_asked_without_fsdp(tmp_path: Path) -> None:
+    child = spawn("proj", cwd=tmp_path)
+    for key in ("package_name", "description", "author_name", "author_email", "python_version", "license",
+                "copyright_year", "task", "precision"):  # fmt: skip
+        answer(child, key, "")
+    child.expect_exact(f"  features {FEATURES_HINT} [-]: ")
+    child.sendline("-")  # none, as Enter: the lean core
+    child.expect_exact("  grad_accum_steps")
+    assert "strategy" not in child.before
+    child.sendcontrol("c")
+    status, output = finish(child)
+    assert status == 130, output
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_wrong_answer_gets_the_whole_message_and_is_asked_again(tmp_path: Path) -> None:

@@ -16,7 +16,9 @@ from packaging.requirements import Requirement
 from generator.prompts import render as render_jinja
 from generator.questions import load_questions
 
-# Together these renders take every value of every choice question at least once.
+ALL_FEATURES = ["fsdp", "comm_hooks", "tools", "profiler"]
+# Together these renders take every value of every choice question at least once, and each
+# optional capability (the features question) alone, with others, and not at all.
 COMBINATIONS = {
     "defaults": {},
     "fp16-apache-312-local-tb": dict(
@@ -38,8 +40,17 @@ COMBINATIONS = {
         task="lm", precision="fp32", launchers=["multinode", "slurm"], grad_accum_steps=2,
     ),
     "lm-bf16-no-launchers-no-ci": dict(task="lm", launchers=[], include_ci=False, package_name="gpt_pkg"),
-    "fsdp-fp16-accum2": dict(strategy="fsdp", precision="fp16", grad_accum_steps=2, launchers=["local"]),
-    "lm-fsdp-bf16": dict(task="lm", strategy="fsdp", precision="bf16", launchers=[], logger="tensorboard"),
+    "fsdp-fp16-accum2": dict(
+        features=["fsdp"], strategy="fsdp", precision="fp16", grad_accum_steps=2, launchers=["local"],
+    ),
+    "lm-all-features-fsdp-bf16": dict(
+        task="lm", features=ALL_FEATURES, strategy="fsdp", precision="bf16", launchers=[],
+        logger="tensorboard",
+    ),
+    "all-features-ddp": dict(features=ALL_FEATURES),
+    "comm-hooks": dict(features=["comm_hooks"], precision="fp16"),
+    "tools": dict(features=["tools"], launchers=["local"]),
+    "lm-tools-profiler": dict(task="lm", features=["tools", "profiler"]),
     "quotes-and-backslashes": dict(
         description='Says "hi" \\n, a\ttab and \\', author_name="O'Brien \"Bob\" \\",
         author_email="o'b+x@ex-a.co.uk",
@@ -58,6 +69,28 @@ TASK_ONLY = {
     ),
 }  # fmt: skip
 
+# What each optional capability adds: its files, and words found nowhere in a project without it
+# (torch's own DDP comm-hook API, which a core test uses to count all-reduces, is not ours).
+FEATURES = {
+    "fsdp": (
+        ["src/PKG/fsdp.py", "tests/test_fsdp.py"],
+        re.compile(r"fsdp|fully_shard|\.dcp\b|--strategy", re.IGNORECASE),
+    ),
+    "comm_hooks": (
+        ["src/PKG/comm_hooks.py", "tests/test_comm_hooks.py"],
+        re.compile(r"(?<!register_)(?<!ddp_)comm.hook|powersgd", re.IGNORECASE),
+    ),
+    "tools": (
+        ["src/PKG/doctor.py", "src/PKG/check_sync.py", "src/PKG/plot.py", "tests/test_tools.py",
+         "tests/test_plot.py"],
+        re.compile(r"doctor|check_sync|\bplot\b|matplotlib", re.IGNORECASE),
+    ),
+    "profiler": (
+        ["src/PKG/profiling.py", "tests/test_profiler.py"],
+        re.compile(r"profil", re.IGNORECASE),
+    ),
+}  # fmt: skip
+
 UNRENDERED = re.compile(r"(?<!\$)\{\{|\{%|%\}")  # GitHub's ${{ expr }} is not Jinja
 
 
@@ -70,7 +103,7 @@ def project(request: pytest.FixtureRequest, template_dir: Path, tmp_path_factory
 def test_expected_files(project: Path) -> None:
     answers = answers_of(project)
     package = project / "src" / answers["package_name"]
-    modules = ("config", "dist", "data", "model", "checkpoint", "train", "strategy", "sharded")
+    modules = ("config", "dist", "data", "model", "checkpoint", "state", "step", "train", "strategy")
     for name in (f"{module}.py" for module in modules):
         assert (package / name).is_file(), name
     for name in ("README.md", "pyproject.toml", ".copier-answers.yml", "tests"):
@@ -103,6 +136,24 @@ def test_a_project_holds_nothing_of_the_other_task(project: Path) -> None:
         assert found is None, f"{path}: {found.group()}"
 
 
+def test_a_capability_is_whole_when_chosen_and_absent_when_not(project: Path) -> None:
+    answers = answers_of(project)
+    texts = {
+        path: path.read_text(encoding="utf-8")
+        for path in project.rglob("*")
+        if path.is_file() and ".git" not in path.parts and path.suffix != ".txt"
+    }
+    for feature, (files, words) in FEATURES.items():
+        chosen = feature in answers["features"]
+        for name in files:
+            path = project / name.replace("PKG", answers["package_name"])
+            assert path.is_file() == chosen, (feature, name)
+        if not chosen:
+            for path, text in texts.items():
+                found = words.search(text)
+                assert found is None, f"{feature} not chosen, but {path} says {found.group()!r}"
+
+
 def test_no_unrendered_jinja(project: Path) -> None:
     for path in project.rglob("*"):
         if path.is_file():
@@ -115,7 +166,10 @@ def test_answers_reach_the_code(project: Path) -> None:
     answers = answers_of(project)
     config = (project / "src" / answers["package_name"] / "config.py").read_text()
     assert f'"{answers["precision"]}"' in config
-    assert re.search(rf'strategy: str = option\(\s*"{answers["strategy"]}"', config), config
+    if "fsdp" in answers["features"]:
+        assert re.search(rf'strategy: str = option\(( *#.*)?\s*"{answers["strategy"]}"', config), config
+    else:
+        assert "strategy" not in answers and "strategy:" not in config
     assert re.search(rf"grad_accum_steps: int = (option\()?{answers['grad_accum_steps']}\b", config)
     pyproject = (project / "pyproject.toml").read_text()
     assert f'requires-python = ">={answers["python_version"]}"' in pyproject

@@ -561,3 +561,139 @@ def test_update_without_git_is_one_line(project: Path) -> None:
     proc = sh([*DDP_NEW, "update", project], project.parent, check=False, PATH="/nonexistent")
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.strip() == "error: git is not installed; ddp-new needs it"
+
+
+# ---------------------------------------------------------------- features (optional capabilities)
+ALL_FEATURES = ["fsdp", "comm_hooks", "tools", "profiler"]
+TOOLS = ("doctor.py", "plot.py", "check_sync.py")
+
+
+def project_files(project: Path) -> set[str]:
+    return {str(p.relative_to(project)) for p in project.rglob("*") if ".git" not in p.parts and p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def this_tree(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(bundle, repository): this checkout's history with the template on disk committed on top,
+    as the next release would ship it (the template may be ahead of HEAD while it is worked on)."""
+    from generator.releases import build_bundle
+
+    root = tmp_path_factory.mktemp("this-tree")
+    clone = root / "ddp-new"
+    git(root, "clone", "-q", "--no-tags", str(REPO), str(clone))
+    (clone / "copier.yml").unlink()
+    shutil.rmtree(clone / "template")
+    shutil.copy2(REPO / "copier.yml", clone / "copier.yml")
+    shutil.copytree(REPO / "template", clone / "template", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(REPO / "generator" / "migrate_example_toml.py", clone / "generator")
+    git(clone, "add", "-A")
+    git(clone, "commit", "-q", "--allow-empty", "-m", "The template on disk")
+    bundle = root / "history.bundle"
+    build_bundle(clone, bundle)
+    return bundle, clone
+
+
+@pytest.fixture(scope="module")
+def every_capability(this_tree: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    """The files of a project with every feature, rendered from the template on disk."""
+    bundle, _ = this_tree
+    root = tmp_path_factory.mktemp("every-capability")
+    (root / "home").mkdir()
+    features = ",".join(ALL_FEATURES)
+    sh([*DDP_NEW, "demo", "-y", "--data", f"features={features}"], root,
+       HOME=str(root / "home"), DDP_NEW_BUNDLE=str(bundle))  # fmt: skip
+    return project_files(root / "demo")
+
+
+def before_features(repo: Path) -> str | None:
+    """The last commit before copier.yml got the features question (None: not in this history)."""
+    added = git(repo, "log", "--format=%H", "-G", "^features:", "--", "copier.yml").split()
+    if not added:
+        return None
+    parent = sh(["git", "rev-parse", "-q", "--verify", f"{added[-1]}^"], repo, check=False)
+    return parent.stdout.strip() or None
+
+
+@pytest.mark.parametrize(
+    ("source", "tool"),
+    [
+        ("0.3.0", "ddp-new"),
+        ("before features", "copier"),
+        pytest.param("0.3.0", "copier", marks=pytest.mark.slow),
+        pytest.param("before features", "ddp-new", marks=pytest.mark.slow),
+    ],
+)
+def test_a_project_from_before_features_keeps_every_capability(
+    source: str, tool: str, this_tree: tuple[Path, Path], every_capability: set[str], tmp_path: Path
+) -> None:
+    """A project rendered before the features question existed has every capability: an update,
+    by ddp-new or by plain `copier update --defaults`, records all of them and keeps their files."""
+    bundle, repo = this_tree
+    commit = read_record(REPO)[source] if source[0].isdigit() else before_features(repo)
+    if commit is None or sh(["git", "cat-file", "-t", commit], repo, check=False).returncode:
+        pytest.skip(f"{source} is not in this clone's history")
+    ref = f"v{source}" if source[0].isdigit() else commit
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"HOME": str(home), "DDP_NEW_BUNDLE": str(bundle)}
+    sh([*DDP_NEW, "demo", "-y", "--git", "--vcs-ref", ref], tmp_path, **env)
+    project = tmp_path / "demo"
+    assert "features" not in answers(project)
+    tools = {f"src/demo/{name}" for name in TOOLS}
+    if source == "before features":
+        assert tools <= project_files(project)  # it had them: they must stay
+    model = project / "src" / "demo" / "model.py"
+    model.write_text(model.read_text() + "# user edit: keep me\n")
+    commit_all(project, "User edit")
+
+    update = [*DDP_NEW, "update"] if tool == "ddp-new" else [*COPIER, "update", "--defaults"]
+    proc = sh(update, project, check=False, **env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert answers(project)["features"] == ALL_FEATURES
+    after = project_files(project)
+    # Every file of every capability, those the project had and those its version lacked; of
+    # its files, only those the template no longer has at all are gone (moved: sharded.py
+    # became fsdp.py), as in any update.
+    assert after == every_capability, sorted(after ^ every_capability)
+    assert tools <= after
+    assert git(project, "diff", "--name-only", "--diff-filter=U") == ""
+    assert [p for p in after if _has_marker(project / p)] == []
+    assert model.read_text().endswith("# user edit: keep me\n")
+
+
+def test_update_adds_and_drops_a_capability(template_repo: Path, tmp_path: Path) -> None:
+    """A lean project takes tools and the profiler by `--data features=...`, then drops them: the
+    unedited files go, an edited one stays and is reported."""
+    sh([*DDP_NEW, "demo", "-y", "--git", "--template", template_repo], tmp_path)
+    project = tmp_path / "demo"
+    package = project / "src" / "demo"
+    optional = [package / name for name in TOOLS] + [package / "profiling.py"]
+    assert answers(project)["features"] == [] and "strategy" not in answers(project)
+    assert [path for path in optional if path.exists()] == []
+
+    # strategy is asked only with fsdp: an answer to it alone would not be recorded.
+    proc = sh([*DDP_NEW, "update", project, "--data", "strategy=fsdp"], tmp_path, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "--data strategy: the question is asked only when 'fsdp' in features" in proc.stderr
+    assert changed_paths(project) == set()
+
+    proc = sh([*DDP_NEW, "update", project, "--data", "features=tools,profiler"], tmp_path)
+    assert answers(project)["features"] == ["tools", "profiler"]
+    for path in optional:
+        assert path.is_file() and f"added    {path.relative_to(project)}\n" in proc.stdout, proc.stdout
+    commit_all(project, "Tools and the profiler")
+    doctor = package / "doctor.py"
+    doctor.write_text(doctor.read_text() + "# my own check\n")
+    commit_all(project, "My own doctor check")
+
+    proc = sh([*DDP_NEW, "update", project, "--data", "features="], tmp_path, check=False)  # none
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert answers(project)["features"] == []
+    assert doctor.read_text().endswith("# my own check\n")
+    assert (
+        "conflict src/demo/doctor.py  (your new answers or the new template dropped this file,"
+        " which you had changed: your version is kept" in proc.stderr
+    ), proc.stderr
+    assert "src/demo/doctor.py" not in proc.stdout
+    for path in optional[1:]:
+        assert not path.exists() and f"removed  {path.relative_to(project)}\n" in proc.stdout, proc.stdout

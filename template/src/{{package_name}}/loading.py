@@ -1,12 +1,7 @@
-"""How each rank reads its share of a dataset: the same for every task.
-
-Training: ResumableSampler deals each epoch's shuffled samples out to the ranks (disjoint
-shards, no padding) in whole global batches, and can start part way through an epoch, which
-exact resume needs.
-Evaluation: every rank reads an unpadded shard in order (eval_shard), so no sample is counted
-twice. A dataset may return a whole micro-batch at once from `__getitems__(indices)` as a
-Batch: one gather instead of B per-sample reads and a collate of B small tensors, which made
-the data loader, not the GPU, the bottleneck.
+"""How each rank reads its share of a dataset, for every task: training in whole global
+batches that can start part way through an epoch (exact resume), evaluation in unpadded shards.
+A dataset may return a whole micro-batch from `__getitems__(indices)` as a Batch: one gather
+instead of B small reads and a collate, which made the loader, not the GPU, the bottleneck.
 """
 
 from collections.abc import Iterator
@@ -17,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, de
 
 from .config import TrainConfig
 from .dist import DistEnv
+from .state import Progress
 
 
 class Batch(tuple):
@@ -31,19 +27,17 @@ def collate(samples: Any) -> Any:
 class ResumableSampler(DistributedSampler):
     """DistributedSampler that reads whole global batches and can start part way through.
 
-    Each epoch is a permutation seeded by (seed, epoch), cut to a multiple of the global batch
-    (--batch-size x --grad-accum-steps x world size): every optimizer step averages exactly one
-    global batch, and the samples left over (fewer than one global batch, a different set each
-    epoch) are not read, as DataLoader's drop_last does on one GPU. Rank r reads positions
-    r, r+W, r+2W, ... of the cut permutation, so optimizer step k of an epoch reads positions
-    [k G, (k+1) G) whatever the world size W and the split of the global batch G into
-    --batch-size and --grad-accum-steps: runs that differ only in that split compute the same
-    updates, and a run can resume on another world size exactly. `start` counts the positions
-    (summed over ranks) to skip when resuming in the middle of an epoch.
+    Each epoch is a permutation seeded by (seed, epoch), cut to a multiple of the global batch G
+    (the rest is not read, as with drop_last). Rank r of W reads positions r, r+W, ..., so step
+    k of an epoch reads positions [k G, (k+1) G) whatever W and the split of G into --batch-size
+    and --grad-accum-steps: such runs compute the same updates, and resume exactly on another
+    world size. `start`: the positions (summed over ranks) to skip when resuming mid-epoch.
     """
 
     def __init__(self, dataset: Dataset, env: DistEnv, seed: int, global_batch: int) -> None:
         super().__init__(dataset, env.world_size, env.rank, shuffle=True, seed=seed, drop_last=True)
+        if len(dataset) < global_batch:
+            raise ValueError(f"{len(dataset)} training samples are less than one global batch")
         self.total_size = len(dataset) // global_batch * global_batch  # whole global batches
         self.num_samples = self.total_size // self.num_replicas
         self.global_batch, self.start = global_batch, 0
@@ -67,49 +61,56 @@ def build_train_loader(
     """Per-rank loader of micro-batches of --batch-size samples, whole global batches per epoch."""
     global_batch = cfg.batch_size * cfg.grad_accum_steps * env.world_size
     sampler = ResumableSampler(dataset, env, seed=cfg.seed, global_batch=global_batch)
-    loader = DataLoader(
-        dataset,
-        batch_size=cfg.batch_size,
-        sampler=sampler,
-        collate_fn=collate,
-        num_workers=cfg.num_workers,
-        pin_memory=device.type == "cuda",  # page-locked memory: async host-to-GPU copies
-        persistent_workers=cfg.num_workers > 0,  # keep workers alive between epochs
-        generator=_private_generator(cfg.seed),
-    )
-    return loader, sampler
-
-
-def _private_generator(seed: int) -> torch.Generator:
-    """The loader's own RNG. Without one, every iter(loader) draws its workers' base seed from
-    torch's global RNG, which the model's random draws (dropout) use too: a resumed run, which
-    starts its iterator at another step, would then draw other dropout masks."""
-    return torch.Generator().manual_seed(seed)
+    return _loader(dataset, cfg, device, sampler=sampler), sampler
 
 
 def eval_shard(num_samples: int, env: DistEnv) -> range:
-    """Indices this rank evaluates: disjoint, covering, and unpadded.
-
-    DistributedSampler would pad the last round with duplicates so that all ranks get the same
-    count; those duplicates would be counted twice in the metrics.
-    """
+    """Indices this rank evaluates: disjoint, covering, and unpadded (DistributedSampler pads
+    with duplicates, which the metrics would count twice)."""
     return range(env.rank, num_samples, env.world_size)
 
 
 def build_eval_loader(
     dataset: Dataset, cfg: TrainConfig, env: DistEnv, device: torch.device
 ) -> DataLoader:
-    """Per-rank loader over this rank's shard of the validation set, in order.
+    """Per-rank loader over this rank's shard of the validation set, in order."""
+    shard = Subset(dataset, eval_shard(len(dataset), env))  # Subset forwards __getitems__
+    return _loader(shard, cfg, device)
 
-    Its worker processes (--num-workers) start once and serve every evaluation: starting them
-    anew each time cost more than the evaluation itself on a GPU.
-    """
+
+def _loader(dataset: Dataset, cfg: TrainConfig, device: torch.device, **kwargs: Any) -> DataLoader:
     return DataLoader(
-        Subset(dataset, eval_shard(len(dataset), env)),  # Subset forwards __getitems__
+        dataset,
         batch_size=cfg.batch_size,
         collate_fn=collate,
         num_workers=cfg.num_workers,
-        pin_memory=device.type == "cuda",
+        pin_memory=device.type == "cuda",  # page-locked memory: async host-to-GPU copies
+        # Workers start once and serve every epoch and evaluation (anew, they cost more than an
+        # evaluation). The loader's own RNG: without it, iter(loader) draws its workers' seed
+        # from the global RNG, which dropout uses too, and a resumed run would draw other masks.
         persistent_workers=cfg.num_workers > 0,
-        generator=_private_generator(cfg.seed),
+        generator=torch.Generator().manual_seed(cfg.seed),
+        **kwargs,
     )
+
+
+class Windows:
+    """The micro-batches of each optimizer step, epoch after epoch, from where the run stands.
+
+    A window is --grad-accum-steps micro-batches on every rank: one global batch. The sampler
+    deals out whole global batches only (ResumableSampler), so every window is full.
+    """
+
+    def __init__(self, loader: DataLoader, sampler: ResumableSampler, accum: int) -> None:
+        self.loader, self.sampler, self.accum = loader, sampler, accum
+        self.batches: Iterator[tuple[torch.Tensor, torch.Tensor]] = iter([])
+        self.remaining = 0  # micro-batches left in this epoch
+        self.epoch_done = False  # the last window returned ends its epoch
+
+    def next(self, progress: Progress) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self.remaining == 0:  # start an epoch, or continue a resumed one where it stopped
+            self.sampler.set_position(progress.epoch, progress.position)
+            self.batches, self.remaining = iter(self.loader), len(self.loader)
+        self.remaining -= self.accum
+        self.epoch_done = self.remaining == 0
+        return self.batches

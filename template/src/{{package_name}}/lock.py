@@ -1,31 +1,9 @@
-"""OUT_DIR/run.lock: one run at a time per --out-dir.
+"""OUT_DIR/run.lock: one run at a time per --out-dir (docs/checkpoints.md). Rank 0 holds it:
+JSON naming its process and job, its modification time a heartbeat. A second run is refused;
+a stale lock (its run is surely gone) is taken over with a warning; a run whose lock was taken
+over or removed stops writing (RunLock.lost(), asked right before each write to OUT_DIR)."""
 
-A run owns its --out-dir: two runs writing there would delete, overwrite or mix each other's
-checkpoints and metrics. So rank 0 holds OUT_DIR/run.lock while the run lasts. The file is JSON
-(host, pid, when the process started, torchrun's run id and restart count, SLURM's job id and
-restart count) and its modification time is a heartbeat, refreshed every HEARTBEAT_S seconds by
-a background thread. A second run on the same --out-dir is refused with exit status 2:
-
-    error: --out-dir runs/x is in use by another run (host h1, pid 1234, started ...); wait
-    for it to finish or use another --out-dir
-
-The lock is removed at every exit rank 0 lives to see (0, 1, 2, 143, a crash). A lock left by
-a run that could not remove it (SIGKILL, a lost node) is stale, and the next run takes it over
-with a warning, when:
-- it belongs to an earlier attempt of this job: the same torchrun run id with a lower restart
-  count (torchrun --max-restarts), or the same SLURM job with a lower restart count (requeued);
-- its process is gone (same host and pid namespace): the pid no longer exists, or belongs to
-  another process (the boot id and start time in /proc/PID/stat differ from those recorded).
-  A process that still runs keeps its lock whatever its heartbeat says: stopped with Ctrl-Z
-  or SIGSTOP, it writes again once continued. Where there is no /proc, the heartbeat decides;
-- its heartbeat is older than STALE_AFTER_S (another host that died; clocks must agree to
-  within a minute).
-
-A run whose lock was taken over (its host seemed dead for STALE_AFTER_S) or removed must not
-write beside the new owner: rank 0 asks RunLock.lost() right before each write to OUT_DIR, and
-stops if it returns a reason.
-"""
-
+import contextlib
 import json
 import os
 import socket
@@ -36,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import dist
-from .config import ConfigError
+from .options import ConfigError
 
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 120.0
@@ -74,9 +52,8 @@ def _pid_namespace() -> str:
 
 
 def process_start(pid: int) -> str | None:
-    """When process `pid` started ("BOOT_ID TICKS", from Linux's /proc): a process that is later
-    given the same pid, or any process after a reboot, has another. None if it does not run
-    (gone, or a zombie), or where there is no /proc to tell."""
+    """When process `pid` started ("BOOT_ID TICKS", from /proc), which tells a reused pid apart;
+    None if it does not run (gone, or a zombie), or where there is no /proc to tell."""
     try:
         boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -100,7 +77,10 @@ def read_lock(path: Path) -> tuple[dict[str, Any] | None, float] | None:
 
 
 def stale_reason(holder: dict[str, Any] | None, age: float, me: dict[str, Any]) -> str | None:
-    """Why a lock is stale (its holder is surely gone), or None if it may be running."""
+    """Why a lock is stale (its holder is surely gone), or None if it may be running: an
+    earlier attempt of this job (torchrun restart, SLURM requeue); a process gone from this
+    host (a live one keeps its lock, even stopped with Ctrl-Z); or no heartbeat for
+    STALE_AFTER_S (another host; the clocks must agree to within a minute)."""
     heartbeat_stopped = f"no heartbeat for {age:.0f} s" if age > STALE_AFTER_S else None
     if holder is None:
         return heartbeat_stopped  # being written, or damaged: judged by its heartbeat alone
@@ -130,7 +110,7 @@ def _pid_exists(pid: Any) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # exists, owned by another user
+        pass  # exists, owned by another user
     return True
 
 
@@ -148,12 +128,9 @@ def in_use_message(out_dir: str, holder: dict[str, Any] | None) -> str:
 
 
 def check_free(out_dir: str) -> None:
-    """Any rank, before the process group: refuse at once if a live run holds the lock.
-
-    Only a quick look, for a clear message before anything starts; RunLock.acquire decides.
-    Skipped on several nodes: a rank on another host than the holder cannot see whether its
-    process still exists, and ranks that disagree here would not exit together.
-    """
+    """Any rank, before the process group: a quick look for a live lock, to refuse at once
+    (RunLock.acquire decides). Not on several nodes: a rank on another host than the holder
+    cannot see its process, and ranks that disagree here would not exit together."""
     if int(os.environ.get("LOCAL_WORLD_SIZE", 1)) < int(os.environ.get("WORLD_SIZE", 1)):
         return
     found = read_lock(lock_path(out_dir))
@@ -169,11 +146,8 @@ def output_snapshot(out_dir: str) -> tuple[list[str], int]:
 
 
 class RunLock:
-    """OUT_DIR/run.lock, held by rank 0 from acquire() to release(); other ranks hold nothing.
-
-    `snapshot` is output_snapshot() as it was when --resume was decided: if another run wrote
-    to OUT_DIR in between, that decision is out of date and this run is refused too.
-    """
+    """OUT_DIR/run.lock, held by rank 0 from acquire() to release(). `snapshot`: OUT_DIR when
+    --resume was decided (output_snapshot); if another run wrote there since, refused too."""
 
     def __init__(self, out_dir: str, is_main: bool, snapshot: tuple[list[str], int]) -> None:
         self.out_dir, self.is_main, self.snapshot = out_dir, is_main, snapshot
@@ -207,7 +181,9 @@ class RunLock:
             if reason is None:
                 return in_use_message(self.out_dir, found[0])
             print(f"warning: taking over {self.path}, left by a run that is gone ({reason})")
-            self._remove_if_unchanged(found[0])
+            again = read_lock(self.path)  # unless another run has just replaced it with its own
+            if again is not None and again[0] == found[0]:
+                self.path.unlink(missing_ok=True)
         else:
             return in_use_message(self.out_dir, None)
         if output_snapshot(self.out_dir) != self.snapshot:
@@ -236,12 +212,6 @@ class RunLock:
         self.content = content
         return True
 
-    def _remove_if_unchanged(self, holder: dict[str, Any] | None) -> None:
-        """Remove a stale lock, unless another run has just replaced it with its own."""
-        found = read_lock(self.path)
-        if found is not None and found[0] == holder:
-            self.path.unlink(missing_ok=True)
-
     def lost(self) -> str | None:
         """Rank 0, right before each write to OUT_DIR: why this run no longer holds its lock
         (taken over, or removed), or None while it does. One small read; safe from any thread.
@@ -256,29 +226,23 @@ class RunLock:
             pass
         except OSError:
             return None  # the file system's trouble, not another run's: the write will tell
-        found = read_lock(self.path)  # another run's (holder, heartbeat age), or None: removed
-        if found is None:
-            self._lost = f"{self.path} was removed"
-        else:
-            self._lost = f"{self.path} was taken over by another run ({describe(found[0])})"
+        found = read_lock(self.path)  # another run's lock, or None: removed
+        taken = f"taken over by another run ({describe(found[0])})" if found else "removed"
+        self._lost = f"{self.path} was {taken}"
         return self._lost
 
     def _heartbeat(self) -> None:
         """Refresh the heartbeat until released, or until the lock is lost: never another's."""
         while not self._stop.wait(HEARTBEAT_S) and self.lost() is None:
-            try:
+            with contextlib.suppress(OSError):  # removed meanwhile: lost() says so next time
                 os.utime(self.path)
-            except OSError:
-                pass  # removed meanwhile: lost() says so next time
 
     def release(self) -> None:
         """Remove the lock if this process holds it; never raises (runs on the way out)."""
         self._stop.set()
         if not self.content:
             return
-        try:
+        with contextlib.suppress(OSError):
             if self.path.read_text() == self.content:  # not a lock taken over meanwhile
                 self.path.unlink()
-        except OSError:
-            pass
         self.content = ""

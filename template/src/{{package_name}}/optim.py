@@ -18,10 +18,8 @@ def build_optimizer(
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    # fused: one kernel for the whole update where torch has one (CUDA and CPU), instead of a
-    # loop over the parameters: a few percent faster per step even on CPU, the same update up to
-    # float rounding. It also takes a found_inf tensor, which lets train.apply_update skip a
-    # non-finite update without asking the host.
+    # fused: one kernel for the whole update (CUDA and CPU), a few percent faster per step; it
+    # takes a found_inf tensor, so a non-finite update is skipped without asking the host.
     fused = device.type in ("cuda", "cpu")
     optimizer = torch.optim.AdamW(groups, lr=peak_lr(cfg, world_size), fused=fused)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
@@ -50,13 +48,9 @@ def reschedule(
     scheduler: torch.optim.lr_scheduler.LambdaLR,
     cfg: TrainConfig,
 ) -> None:
-    """After a resume: the next step's LR from this run's schedule, not the checkpoint's.
-
-    The two differ when --max-steps changed: the warmup stays, and the cosine decay is
-    stretched (or squeezed) to end at the new --max-steps. From the resumed step on, every
-    step uses the LR that a run started with the new --max-steps would use at that step.
-    Unchanged --max-steps: the same value as saved, bit for bit (the same computation).
-    """
+    """After a resume: the next step's LR from this run's schedule, not the checkpoint's. With
+    another --max-steps the cosine decay is stretched to end there (the warmup stays); with
+    the same one, the saved value bit for bit."""
     for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs, strict=True):
         group["lr"] = base_lr * lr_factor(scheduler.last_epoch, cfg)
 

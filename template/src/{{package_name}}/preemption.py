@@ -1,21 +1,18 @@
-"""Stopping a run cleanly: SIGTERM, Ctrl-C (SIGINT), and torchrun's death under its workers.
+"""How a run stops: SIGTERM, Ctrl-C, torchrun's death, a usage error, or a failure.
 
-SIGTERM is how SLURM, Kubernetes and torchrun ask a job to stop; Ctrl-C is how a person does.
-Both only set a flag here: saving inside a signal handler could interrupt a collective, and
-ranks would save at different steps. The loop agrees on the flag over all ranks
-(dist.AgreeLater) and stops at a step boundary, where rank 0 saves the step. Ctrl-C exits
-130 (128 + SIGINT), everything else 143 (128 + SIGTERM).
-
-A second Ctrl-C means "now": it raises Interrupted wherever the process is, and the run exits
-130 at once, without saving. So does a SIGTERM after a Ctrl-C: torchrun, asked twice, passes
-the second request on to its workers as SIGTERM.
+SIGTERM (SLURM, Kubernetes, torchrun) and Ctrl-C only set a flag: the ranks agree on it
+(dist.AgreeLater) and stop together at a step boundary, after rank 0 saved the step. A second
+Ctrl-C (or a SIGTERM after one: torchrun passes a second Ctrl-C on as SIGTERM) stops at once.
 """
 
 import os
 import signal
 import sys
 import threading
+import time
 from typing import Any, NoReturn, Self
+
+import torch.distributed as torch_dist
 
 from . import dist
 
@@ -28,13 +25,9 @@ class Interrupted(BaseException):
 
 
 class Preemption:
-    """While active, SIGTERM and SIGINT only set `reason`; so does the death of torchrun.
-
-    A launcher killed with SIGKILL (or lost with its node) cannot pass a signal on, and its
-    workers would go on training and writing checkpoints, orphaned, alongside a rerun. So
-    under torchrun a background thread watches the parent process: when the worker is
-    re-parented, torchrun is gone, and the run stops as after SIGTERM.
-    """
+    """While active, SIGTERM and SIGINT only set `reason`; so does the death of torchrun (a
+    launcher killed with SIGKILL cannot pass a signal on, and its orphaned workers would train
+    on beside a rerun): under torchrun a thread sees the worker re-parented."""
 
     SIGTERM, LAUNCHER_EXITED, INTERRUPT = 1, 2, 3  # reasons; the ranks agree on the largest
     WHY = {
@@ -57,8 +50,7 @@ class Preemption:
         self._done = threading.Event()
         if "TORCHELASTIC_RUN_ID" in os.environ:  # set by torchrun for its workers
             parent = os.getppid()
-            watch = threading.Thread(target=self._watch, args=(parent,), daemon=True)
-            watch.start()
+            threading.Thread(target=self._watch, args=(parent,), daemon=True).start()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -82,13 +74,31 @@ class Preemption:
                 return
 
 
-def stop_at_once() -> NoReturn:
-    """After a second Ctrl-C: say so once, and exit 130 without saving or waiting for anyone.
+USAGE_ERROR_GRACE_S = 5.0  # see report_usage_error
 
-    The process exits at once, skipping the teardown, as dist.fail does: other ranks may be
-    anywhere (in a collective, say), and a checkpoint may be half written by its thread, inside
-    torch.save, which an interpreter shutting down around it would abort (SIGABRT).
-    """
+
+def report_usage_error(message: str, env: dist.DistEnv, preemption: Preemption) -> None:
+    """Print a mistake in the settings once, not once per rank: rank 0 reports it, and torchrun
+    stops the others with SIGTERM once rank 0 exits. A rank that gets none within a few seconds
+    found a mistake of its own (a GPU missing on its node, say) and reports it itself."""
+    if env.rank != 0:
+        deadline = time.monotonic() + USAGE_ERROR_GRACE_S
+        while not preemption.requested and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if preemption.requested:
+            return
+        message = f"rank {env.rank}: {message}"
+    print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+# stop_at_once and fail exit without the teardown: other ranks may be anywhere (in a
+# collective, say), and tearing down while gloo threads hold a collective, or while a
+# checkpoint thread is inside torch.save, can abort (SIGABRT) or hang, hiding the real exit.
+# The OS closes this rank's connections; torchrun stops the others (or restarts them all).
+
+
+def stop_at_once() -> NoReturn:
+    """After a second Ctrl-C: say so once, and exit 130 without saving or waiting for anyone."""
     if dist.is_main():
         print(
             "interrupted again (Ctrl-C): stopped at once, without saving; rerun to resume"
@@ -98,3 +108,22 @@ def stop_at_once() -> NoReturn:
         )
     sys.stdout.flush()
     os._exit(EXIT_INTERRUPTED)
+
+
+def fail(err: BaseException, env: dist.DistEnv, timeout_s: int) -> NoReturn:
+    """An exception escaped training: re-raise it with one process; with several, print it and
+    exit 1 at once."""
+    if env.world_size == 1:
+        dist.cleanup(clean_exit=False)
+        raise err
+    sys.excepthook(type(err), err, err.__traceback__)  # torch's hook adds a [rankN] prefix
+    if isinstance(err, torch_dist.DistError) or "gloo" in str(err) or "NCCL" in str(err):
+        print(
+            f"error: rank {env.rank}: a collective failed: another rank crashed, was killed, or"
+            f" stalled for longer than --dist-timeout ({timeout_s} s). Look for its own error in"
+            " this output; if there is none, it was killed or stalled (py-spy dump shows where)",
+            file=sys.stderr,
+        )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)

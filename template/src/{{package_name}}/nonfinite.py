@@ -1,0 +1,76 @@
+"""Non-finite losses and gradients, caught without making the host wait for the device.
+
+Testing `loss.isfinite()` on the host every step would sync with the device every step. Here
+each step folds its verdict into device tensors and skips a non-finite update on the device
+itself; the host reads the verdict only at steps that log, and all ranks stop there together,
+before a non-finite state could be checkpointed.
+"""
+
+import torch
+
+from . import dist
+
+
+class Health:
+    """The first step with a non-finite loss or gradient norm, noted on the device.
+
+    check(), at a step that logs, agrees across ranks on the first bad step (one collective,
+    one host read).
+    """
+
+    NONE = 2**62  # "no bad step yet"; larger than any step
+
+    def __init__(self, device: torch.device, scaler_skips: bool) -> None:
+        self.scaler_skips = scaler_skips  # fp16: an overflow is routine, the scaler skips it
+        self.first_bad = torch.full((2,), self.NONE, dtype=torch.int64, device=device)
+        self.skipped_steps = torch.zeros((), dtype=torch.int64, device=device)
+        self.skipped = 0  # skipped_steps as of the last check
+
+    def note(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """Record optimizer step `step` (1-based): device operations only, no sync."""
+        bad_grad = ~grad_norm.isfinite()
+        self.skipped_steps += bad_grad
+        bad = torch.stack([~loss.isfinite(), bad_grad & (not self.scaler_skips)])
+        self.first_bad = torch.where(bad, self.first_bad.clamp(max=step), self.first_bad)
+
+    def record(self) -> dict[str, int]:
+        """For the metrics line (fp16): optimizer steps the scaler skipped, as of check()."""
+        return {"skipped_steps": self.skipped} if self.scaler_skips else {}
+
+    def check(self, now: int) -> str:
+        """A collective and one host read: '' if all is well, else why all ranks stop."""
+        agreed = dist.min_(torch.cat([self.first_bad, -self.skipped_steps.view(1)]))
+        bad_loss, bad_grad, minus_skipped = agreed.tolist()
+        self.skipped = -minus_skipped
+        if bad_loss == bad_grad == self.NONE:
+            return ""
+        if bad_loss <= bad_grad:  # a NaN loss makes NaN gradients too: name the cause
+            what = f"loss on some rank at step {bad_loss}"
+        else:
+            what = f"gradient norm at step {bad_grad}"
+        return (
+            f"non-finite {what}; its update was not applied, and all ranks stopped at step"
+            f" {now}. Try a lower --lr, more --warmup-steps or --grad-clip, and rerun with"
+            " --detect-anomaly to find the operation that produced it."
+        )
+
+
+def apply_update(
+    optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, grad_norm: torch.Tensor
+) -> None:
+    """Step the optimizer unless the gradients are non-finite, decided on the device.
+
+    fp16: GradScaler skips an overflowed update itself. Otherwise torch's fused (and
+    capturable) Adam/AdamW accept the same signal the scaler gives them: a `found_inf` device
+    tensor, 1.0 meaning "leave parameters and moments alone". An optimizer without that
+    support is stepped only after the host has checked the norm: correct, but a sync.
+    """
+    if scaler.is_enabled():
+        scaler.step(optimizer)
+        scaler.update()
+    elif getattr(optimizer, "_step_supports_amp_scaling", False):
+        optimizer.found_inf = (~grad_norm.isfinite()).float()
+        optimizer.step()
+        del optimizer.found_inf
+    elif grad_norm.isfinite():
+        optimizer.step()
