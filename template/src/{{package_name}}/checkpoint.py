@@ -178,12 +178,18 @@ def save_problem(err: BaseException, step: int, path: Path) -> str:
 def os_error_text(err: BaseException) -> str:
     """'No space left on device' for a full disk: torch.save raises RuntimeError, whose cause
     or context is the OSError of the write itself."""
+    found = os_error(err)
+    return found.strerror if found else _first_line(err)
+
+
+def os_error(err: BaseException) -> OSError | None:
+    """The OSError behind `err` (itself, or its cause or context, at any depth), if any."""
     seen: BaseException | None = err
     while seen is not None:
         if isinstance(seen, OSError) and seen.strerror:
-            return seen.strerror
+            return seen
         seen = seen.__cause__ or seen.__context__
-    return _first_line(err)
+    return None
 
 
 def newest_note(out_dir: str) -> str:
