@@ -17,6 +17,12 @@ from generator.cli import app
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The generated projects' suites first: they are the longest tests, so with two test
+    processes (-n 2) they start at once, and the short ones fill the gaps."""
+    items.sort(key=lambda item: item.originalname != "test_generated_test_suite_passes")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh HOME: the template link and git settings of the machine stay untouched."""

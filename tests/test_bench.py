@@ -54,13 +54,14 @@ def test_bench_lm_workload_compares_the_generated_gpt_with_the_hand_written_loop
     cmd = [
         sys.executable, "-m", "bench", "--workload", "lm", "--quick", "--tiny", "--repeats", "1",
         "--warmup", "1", "--timed", "3", "--world-sizes", "2", "--no-data-wait",
-        "--json", str(out),
+        "--contenders", "reference,generated", "--json", str(out),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
-    expected = {"reference", "generated", "generated-noeval", "generated-quiet", "allreduce"}
+    # Every contender's plumbing is the classifier test's: here the lm workload, with two of them.
+    expected = {"reference", "generated"}
     assert result["workload"]["task"] == "lm" and set(result["contenders"]) == expected
     for contender in expected:
         rate = result["summary"]["2"]["contenders"][contender]["median_samples_per_sec"]
@@ -74,7 +75,7 @@ def test_gpu_bench_script_runs_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "gpu.json"
     cmd = [
         sys.executable, "-m", "bench.gpu", "--device", "cpu", "--tiny", "--precision", "fp32",
-        "--repeats", "1", "--contenders", "reference,generated,generated-quiet", "--json", str(out),
+        "--repeats", "1", "--contenders", "reference,generated", "--json", str(out),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
@@ -82,7 +83,7 @@ def test_gpu_bench_script_runs_on_cpu(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert set(result["workloads"]) == {"launch", "compute", "gpt2"}
     for workload in result["workloads"].values():
-        for contender in ("reference", "generated", "generated-quiet"):
+        for contender in ("reference", "generated"):
             rate = workload["rows"][contender]["median_samples_per_sec"]
             assert rate is not None and math.isfinite(rate) and rate > 0, (contender, rate)
     assert "target generated >= 0.97x reference" in done.stdout
@@ -93,7 +94,7 @@ def test_ckpt_bench_reports_the_stall_of_every_save_under_every_load(tmp_path: P
     """python -m bench.ckpt at tiny sizes: one run per load, each save measured beside a synchronous one."""
     out = tmp_path / "ckpt.json"
     cmd = [
-        sys.executable, "-m", "bench.ckpt", "--tiny", "--saves", "2", "--ckpt-every", "6",
+        sys.executable, "-m", "bench.ckpt", "--tiny", "--saves", "2", "--ckpt-every", "10",
         "--threads", "1", "--settle", "0.5", "--json", str(out),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -110,8 +111,12 @@ def test_ckpt_bench_reports_the_stall_of_every_save_under_every_load(tmp_path: P
     for load, run in runs.items():
         assert "error" not in run, (load, run["error"])
         saves = run["analysis"]["saves"]
-        # The last step's save is not measured.
-        assert [s["step"] for s in saves] == [6, 12], (load, run["analysis"], run["saves"])
+        skipped = run["analysis"]["skipped"]
+        # Every save but the last step's is measured, or skipped with the reason: under load a
+        # write may end after the run's last step, and its stall cannot be told then.
+        assert sorted([s["step"] for s in saves] + [s["step"] for s in skipped]) == [10, 20], (load, run)
+        assert all(s["why"] == "the run ended before its write and tail did" for s in skipped), skipped
+        assert saves and (load != "idle" or not skipped), (load, run["analysis"], run["saves"])
         for s in saves:
             assert s["sync_save_s"] > 0 and s["write_s"] > 0 and math.isfinite(s["ratio"]), (load, s)
             assert s["ckpt_stall_s"] is not None and s["ckpt_stall_s"] > 0, (load, s)  # from metrics.jsonl

@@ -27,9 +27,10 @@ def sh(cmd: list, cwd: Path, env: dict[str, str], timeout: float = 900) -> subpr
     return proc
 
 
-@pytest.mark.parametrize("logger", ["none", "tensorboard"])
-def test_quickstart_in_a_fresh_venv(template_dir: Path, tmp_path: Path, logger: str) -> None:
-    project = render(template_dir, tmp_path / "fresh", logger=logger)
+def test_quickstart_in_a_fresh_venv(template_dir: Path, tmp_path: Path) -> None:
+    """One venv, two projects in turn: the quickstart's (logger none) first, so that nothing a
+    later install brings (tensorboard pulls numpy, say) hides what it failed to declare; then a
+    tensorboard project, whose install must bring tensorboard itself."""
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     bin_dir = env_dir / "bin"
@@ -37,10 +38,15 @@ def test_quickstart_in_a_fresh_venv(template_dir: Path, tmp_path: Path, logger: 
     env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", OMP_NUM_THREADS="1", PIP_QUIET="1")
     pip = [bin_dir / "python", "-m", "pip"]
     # The torch this suite runs with (CI: the CPU build), then the README's install command.
-    sh([*pip, "install", f"torch=={torch.__version__.split('+')[0]}"], project, env)
+    sh([*pip, "install", f"torch=={torch.__version__.split('+')[0]}"], tmp_path, env)
+
+    project = render(template_dir, tmp_path / "fresh")
     sh([*pip, "install", "-e", ".[dev]"], project, env)
     imported = sh([bin_dir / "python", "-c", "import numpy, tqdm, fresh.train"], project, env)
     assert imported.returncode == 0
+    absent = sh([bin_dir / "python", "-c", "import importlib.util as u; print(u.find_spec('tensorboard'))"],
+                project, env)  # fmt: skip
+    assert absent.stdout.strip() == "None"  # the quickstart project does not need it
 
     sh([bin_dir / "python", "-m", "fresh.train", "--max-steps", "5", "--device", "cpu"], project, env)
     torchrun = [bin_dir / "torchrun", "--standalone", "--nproc_per_node=2", "-m", "fresh.train"]
@@ -52,3 +58,9 @@ def test_quickstart_in_a_fresh_venv(template_dir: Path, tmp_path: Path, logger: 
         [bin_dir / "python", "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider"], project, env
     )
     assert " passed" in tests.stdout
+
+    # A project that logs to TensorBoard installs what it needs, and writes its event files.
+    logged = render(template_dir, tmp_path / "logged", logger="tensorboard")
+    sh([*pip, "install", "-e", "."], logged, env)
+    sh([bin_dir / "python", "-m", "logged.train", "--max-steps", "5", "--device", "cpu"], logged, env)
+    assert list((logged / "runs" / "default").rglob("events.out.tfevents.*"))

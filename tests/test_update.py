@@ -518,12 +518,15 @@ def test_plain_copier_on_a_project_of_this_checkout(tmp_path: Path) -> None:
     assert changed_paths(project) == set()
 
 
-def released(version: str, slow: bool = True):
-    return pytest.param(version, marks=[pytest.mark.slow] if slow else [])
+def from_releases() -> list:
+    """(release, tool): ddp-new update from every release; plain copier from the first (its
+    migrations) and the newest. The first release is in the quick suite."""
+    versions = list(read_record(REPO))
+    pairs = [(v, "ddp-new") for v in versions] + [(versions[0], "copier"), (versions[-1], "copier")]
+    return [pytest.param(v, tool, marks=[] if v == versions[0] else [pytest.mark.slow]) for v, tool in pairs]
 
 
-@pytest.mark.parametrize("tool", ["ddp-new", "copier"])
-@pytest.mark.parametrize("release", [released(v, slow=v != "0.1.0") for v in read_record(REPO)])
+@pytest.mark.parametrize(("release", "tool"), from_releases())
 def test_update_from_a_release_touches_only_what_changed(release: str, tool: str, tmp_path: Path) -> None:
     """A project of each release, one unrelated file edited: the update is clean, whatever the
     template renamed or migrated since (0.1.0's configs/default.toml is now example.toml)."""
