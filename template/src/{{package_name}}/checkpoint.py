@@ -63,8 +63,15 @@ class Checkpointer:
     (ckpt_stall_s in metrics.jsonl). A write that failed leaves `problem` set on rank 0.
     """
 
-    def __init__(self, cfg: TrainConfig, is_main: bool, run_lock: RunLock | None = None) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        is_main: bool,
+        run_lock: RunLock | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         self.cfg, self.is_main, self.run_lock = cfg, is_main, run_lock
+        self.extra = extra or {}  # what the task keeps in every checkpoint (plain types)
         self._thread: threading.Thread | None = None
         self._writing: Path | None = None  # the checkpoint being written
         self.problem: str | None = None  # why the last write failed (rank 0), once it has
@@ -88,6 +95,7 @@ class Checkpointer:
         payload = state.state_dict()
         payload["config"] = asdict(self.cfg)
         payload["versions"] = {"torch": str(torch.__version__), "python": platform.python_version()}
+        payload |= self.extra
         step = state.progress.step
         path = checkpoint_path(self.cfg.out_dir, step)
         try:
