@@ -48,7 +48,13 @@ def train_step(
     """
     started, optimizer, scaler = time.perf_counter(), state.optimizer, state.scaler
     loss, data_wait = forward_backward(
-        model, batches, cfg.grad_accum_steps, cfg.precision, scaler, state.strategy
+        model,
+        batches,
+        cfg.grad_accum_steps,
+        cfg.precision,
+        scaler,
+        state.strategy,
+        masks=(cfg.seed, state.progress.step),
     )
     scaler.unscale_(optimizer)  # clip the true gradients, not the fp16-scaled ones
     grad_norm = state.strategy.clip_grad_norm(model, cfg.grad_clip or math.inf)
@@ -72,11 +78,13 @@ def forward_backward(
     precision: str,
     scaler: torch.amp.GradScaler,
     parallel: strategy.DDPStrategy,
+    masks: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, float]:
     """Accumulate the gradient of one window of micro-batches; all-reduce it once.
 
     The gradient becomes the mean over all samples of the window on all ranks. Returns this
     rank's mean micro-batch loss (a device tensor: no sync) and seconds spent waiting for data.
+    masks: (seed, step) to seed the model's random draws (dropout) with, per micro-batch.
     """
     device = next(model.parameters()).device
     loss_sum, data_wait = torch.zeros((), device=device), 0.0
@@ -88,6 +96,11 @@ def forward_backward(
         labels = labels.to(device, non_blocking=True)
         # Only the window's last backward all-reduces; the others accumulate locally.
         sync = micro == num_micro - 1
+        if masks is not None:
+            # Dropout masks from the micro-batch's place in the global batch (the sampler deals
+            # it out rank by rank), not from the rank that holds it: at --batch-size 1, N ranks
+            # draw the masks one process draws. hash() of ints is the same in every process.
+            torch.manual_seed(hash((*masks, micro * dist.world_size() + dist.rank())))
         with parallel.no_sync(model, sync):
             with autocast(precision, device):
                 loss = loss_fn(model(inputs), labels)
