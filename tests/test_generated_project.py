@@ -84,7 +84,7 @@ SUITE_SELECTION = {
     "fp16-accum3-tensorboard-no-launchers": ["tests/test_config.py", "tests/test_distributed.py"],
     "fp32-accum2-slurm-only-mlflow": ["tests/test_launch_scripts.py", "tests/test_tracking.py"],
     "lm-bf16-accum2-local-tools-profiler": [
-        "tests/test_lm.py", "tests/test_distributed.py", "tests/test_tools.py",
+        "tests/test_lm.py", "tests/test_hf.py", "tests/test_distributed.py", "tests/test_tools.py",
     ],
     "fsdp-alone": ["tests/test_fsdp.py"],
     "comm-hooks-alone": ["tests/test_comm_hooks.py"],

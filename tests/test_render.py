@@ -60,8 +60,9 @@ COMBINATIONS = {
 # Files and words of one task that must not appear in a project of the other.
 TASK_ONLY = {
     "lm": (
-        ["sample.py", "corpus.txt"],
-        re.compile(r"cfg\.(n_layer|seq_len|d_model)|--(n-layer|seq-len|d-model)|GPT|perplexity|tokens_per_sec|\bmfu\b"),
+        ["sample.py", "corpus.txt", "hf.py", "export.py"],
+        re.compile(r"cfg\.(n_layer|seq_len|d_model)|--(n-layer|seq-len|d-model)|GPT|perplexity|tokens_per_sec|\bmfu\b"
+                   r"|tokeniz|safetensors|hugging|keep.best|eval.batches|beta[12]|lr.decay.steps|min.lr(?![-_]ratio)", re.IGNORECASE),
     ),
     "classifier": (
         [],
@@ -131,7 +132,8 @@ def test_a_project_holds_nothing_of_the_other_task(project: Path) -> None:
         assert not (package / name).exists(), name
     for name in TASK_ONLY[answers["task"]][0]:
         assert (package / name).is_file(), name
-    for path in [*package.rglob("*.py"), *project.glob("tests/*.py"), *project.glob("configs/*")]:
+    texts = [*package.rglob("*.py"), *project.glob("tests/*.py"), *project.glob("configs/*")]
+    for path in [*texts, project / "README.md", *project.glob("docs/*.md"), project / "pyproject.toml"]:
         found = words.search(path.read_text(encoding="utf-8"))
         assert found is None, f"{path}: {found.group()}"
 
