@@ -8,8 +8,9 @@ World size 1 under torchrun, bf16 autocast, the same timing method as `python -m
 - launch:  MLP 1024-4096x8-10 (122 M parameters), batch 256 x 4 micro-steps: small kernels, so
            the host (Python, data loading, syncs) decides the speed;
 - compute: MLP 1024-8192x4-10 (210 M parameters), batch 4096 x 2: large matmuls, so the GPU does.
-- gpt2:    the project rendered with task=lm at its GPT-2 small preset (12 blocks, width 768,
-           12 heads, context 1024; 85 M parameters with byte tokens), batch 16 x 2 windows, on
+- gpt2:    the project rendered with task=lm at GPT-2 small's shape (12 blocks, width 768,
+           12 heads, context 1024; 85 M parameters with byte tokens: GPT-2's tokenizer needs
+           files this offline machine may not have), batch 16 x 2 windows, on
            2 MB of its shipped text repeated; the hand-written loop (bench/lm_loop.py) trains the
            same GPT class.
 Achieved TFLOP/s = FLOPs per sample x samples/s / 1e12: 6 x parameters for the MLP (forward 2,
