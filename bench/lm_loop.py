@@ -58,7 +58,7 @@ def build_gpt(args: argparse.Namespace, device: torch.device) -> tuple[TensorDat
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32, as the generated trainer sets it
     gpt = importlib.import_module(f"{args.package}.model").GPT
-    model = gpt(args.n_layer, args.n_head, args.d_model, args.seq_len)
+    model = gpt(args.n_layer, args.n_head, args.d_model, args.seq_len, vocab_size=256)  # bytes
     return make_dataset(args.data_path, args.seq_len), model
 
 
