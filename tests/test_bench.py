@@ -71,17 +71,19 @@ def test_bench_lm_workload_compares_the_generated_gpt_with_the_hand_written_loop
 
 @pytest.mark.slow
 def test_gpu_bench_script_runs_on_cpu(tmp_path: Path) -> None:
-    """bench/gpu.sh's Python side, at tiny sizes on CPU: every workload reports every contender."""
+    """bench/gpu.sh's Python side, at tiny sizes on CPU: an MLP and the GPT workload report."""
     out = tmp_path / "gpu.json"
     cmd = [
         sys.executable, "-m", "bench.gpu", "--device", "cpu", "--tiny", "--precision", "fp32",
-        "--repeats", "1", "--contenders", "reference,generated", "--json", str(out),
+        "--repeats", "1", "--contenders", "reference,generated", "--workloads", "launch,gpt2",
+        "--json", str(out),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert set(result["workloads"]) == {"launch", "compute", "gpt2"}
+    # At --tiny the launch and compute workloads are the same MLP: one of them is enough here.
+    assert set(result["workloads"]) == {"launch", "gpt2"}
     for workload in result["workloads"].values():
         for contender in ("reference", "generated"):
             rate = workload["rows"][contender]["median_samples_per_sec"]

@@ -8,6 +8,7 @@ generated README to the letter in an environment made for it.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import venv
 from pathlib import Path
@@ -57,7 +58,8 @@ def test_quickstart_in_a_fresh_venv(template_dir: Path, tmp_path: Path) -> None:
     # it), and its quick config and checkpoint tests pass; the whole suite runs in another test.
     pytest = [bin_dir / "python", "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     collected = sh([*pytest, "--collect-only"], project, env)
-    assert "tests/test_faults.py::" in collected.stdout and "error" not in collected.stdout.lower()
+    assert "tests/test_faults.py::" in collected.stdout
+    assert re.fullmatch(r"\d+ tests collected in [\d.]+s", collected.stdout.splitlines()[-1])  # no errors
     tests = sh([*pytest, "-m", "not slow", "tests/test_config.py", "tests/test_checkpoint.py"], project, env)
     assert " passed" in tests.stdout
 

@@ -79,7 +79,7 @@ SUITE_MATRIX = {
 # it, in two rows that two test processes (-n 2) take at once (test_faults.py is about half of
 # the time); every other row the tests that its answers change, so that each test
 # runs under the answers it depends on: the fsdp default's checkpoints and resume, DDP == one
-# process at fp16 and accumulation 3, the launch scripts and a tracking logger, the language
+# process at fp16 and accumulation 3, a tracking logger (mlflow), the language
 # model, and each capability's own tests with that capability alone (ruff for every row and
 # more: tests/test_render.py).
 SUITE_SELECTION = {
@@ -87,7 +87,7 @@ SUITE_SELECTION = {
     "lean-bf16-accum1-all-launchers-wandb-all-but-faults": ["--ignore=tests/test_faults.py"],
     "all-features-fsdp-fp16-accum2-local": ["tests/test_checkpoint.py", "tests/test_resume.py"],
     "fp16-accum3-tensorboard-no-launchers": ["tests/test_config.py", "tests/test_distributed.py"],
-    "fp32-accum2-slurm-only-mlflow": ["tests/test_launch_scripts.py", "tests/test_tracking.py"],
+    "fp32-accum2-slurm-only-mlflow": ["tests/test_tracking.py"],  # scripts: the lean rows
     "lm-bf16-accum2-local-tools-profiler": [
         "tests/test_lm.py", "tests/test_hf.py", "tests/test_distributed.py", "tests/test_tools.py",
     ],
