@@ -6,4 +6,4 @@ bench:
 
 # The test suite, as CI runs it.
 test:
-	python -m pytest -q
+	python -m pytest -q -n 2
