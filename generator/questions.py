@@ -124,6 +124,32 @@ def load_questions(template: Path) -> dict[str, Question]:
     return questions
 
 
+def check_package_name(name: str, target: Path | None = None) -> None:
+    """Refuse a package name that a module importable here already has (torch, numpy, a package
+    of the project's dependencies): the project's package would shadow it, or be shadowed.
+    copier.yml refuses the standard library's names; this covers whatever is installed. A module
+    found inside `target` (the project being rendered again) is the project's own."""
+    import importlib.util
+    import re
+    import sys
+
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or name in sys.stdlib_module_names:
+        return  # copier.yml's validator says what is wrong with it
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return
+    if spec is None:
+        return
+    where = spec.origin or next(iter(spec.submodule_search_locations or []), "")
+    if target is not None and where and Path(where).resolve().is_relative_to(target.resolve()):
+        return
+    raise GeneratorError(
+        f"package_name '{name}' would shadow the module '{name}' that this Python imports"
+        f" ({where or 'built in'}); choose another name"
+    )
+
+
 def parse_data(pairs: list[str], questions: dict[str, Question]) -> dict[str, Any]:
     """Parse repeated `--data key=value` options against the template's questions."""
     data: dict[str, Any] = {}
@@ -139,6 +165,8 @@ def parse_data(pairs: list[str], questions: dict[str, Question]) -> dict[str, An
             raise GeneratorError(f"--data {key} given twice")
         try:
             data[key] = questions[key].parse(raw)
+            if key == "package_name":
+                check_package_name(data[key])
         except GeneratorError as error:
             raise GeneratorError(f"--data {error}") from None
     return data

@@ -125,6 +125,7 @@ def render(
             raise GeneratorError(f"cannot write to {scratch}: {error.strerror}") from None
         try:
             _run_copy(src, tmp, data, defaults=defaults, trust=trust, vcs_ref=vcs_ref)
+            _check_package(tmp, target)  # a default or typed name, which --data did not check
             if git:
                 _git_commit(tmp)
             _publish(tmp, target)
@@ -183,6 +184,16 @@ def _run_copy(
             quiet=True,
             overwrite=True,
         )
+
+
+def _check_package(tmp: Path, target: Path) -> None:
+    """The rendered project's package name must not shadow an importable module."""
+    from generator.questions import check_package_name, load_yaml
+
+    answers_file = tmp / ".copier-answers.yml"
+    answers = load_yaml(answers_file.read_text(encoding="utf-8")) if answers_file.is_file() else None
+    if isinstance(answers, dict) and isinstance(answers.get("package_name"), str):
+        check_package_name(answers["package_name"], target)
 
 
 def _git_commit(project: Path) -> None:

@@ -10,11 +10,13 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from conftest import REPO, answers_of, render
+from conftest import REPO, answers_of, cli, render
 from packaging.requirements import Requirement
 
+from generator import stdlib_names
+from generator.errors import GeneratorError
 from generator.prompts import render as render_jinja
-from generator.questions import load_questions
+from generator.questions import check_package_name, load_questions
 
 ALL_FEATURES = ["fsdp", "comm_hooks", "tools", "profiler"]
 # Together these renders take every value of every choice question at least once, and each
@@ -253,25 +255,59 @@ def installed_modules(requirements: list[str]) -> set[str]:
     return names
 
 
-def test_package_name_refuses_every_module_the_project_may_import() -> None:
-    """The standard library, the installed dependencies of every extra and theirs (matplotlib imports
-    pyparsing), Python's start-up hooks and the project's own top-level modules: none may be the
-    package's name, which would shadow it (or be shadowed)."""
+def validator_refuses(name: str) -> bool:
     question = load_questions(REPO)["package_name"]
-    pyproject = (REPO / "template" / "pyproject.toml.jinja").read_text()
-    requirements = re.findall(r'"([A-Za-z0-9_.-]+)>=', pyproject)
-    assert {"torch", "matplotlib", "wandb", "mlflow-skinny", "pytest"} <= set(requirements)
-    names = set(sys.stdlib_module_names) | {"sitecustomize", "usercustomize"}
-    names |= installed_modules(requirements)
-    assert {"torch", "pyparsing", "numpy"} <= names  # the project's own dependencies are installed here
+    return bool(render_jinja(question.validator, {"package_name": name}).strip())
+
+
+def test_package_name_refuses_the_standard_library_and_the_projects_own_modules() -> None:
+    """copier.yml (plain copier too) refuses the standard library's names, Python's start-up hooks
+    and the project's own top-level modules and folders: a package so named would shadow them
+    (or be shadowed). Names of installed packages: the CLI's check (test_cli.py)."""
+    names = {n for n in sys.stdlib_module_names if re.fullmatch(r"[a-z][a-z0-9_]*", n)}
+    names |= {"sitecustomize", "usercustomize", "tests", "test_anything_new"}
     for path in [*(REPO / "template").iterdir(), *(REPO / "template" / "tests").iterdir()]:
         name = re.sub(r"{%.*?%}", "", path.name).removesuffix(".jinja")
         if name.endswith(".py") or path.parent.name == "template" and path.is_dir():
             names.add(name.removesuffix(".py"))  # tests/helpers.py, scripts/, ...
-    accepted = [
-        name
-        for name in sorted(names)
-        if re.fullmatch(r"[a-z][a-z0-9_]*", name)
-        and not render_jinja(question.validator, {"package_name": name}).strip()
-    ]
+    accepted = [n for n in sorted(names) if re.fullmatch(r"[a-z][a-z0-9_]*", n) and not validator_refuses(n)]
     assert accepted == []
+    assert not any(validator_refuses(n) for n in ("demo", "testbed", "jsonish", "my_model"))
+
+
+def test_the_standard_library_list_in_copier_yml_is_current() -> None:
+    """`python -m generator.stdlib_names` wrote every standard library name of this Python, and
+    running it again changes nothing."""
+    text = (REPO / "copier.yml").read_text()
+    assert set(stdlib_names.stdlib_names()) <= set(stdlib_names.listed_names(text))
+    assert stdlib_names.rewrite(text) == text
+
+
+def test_the_cli_refuses_every_module_the_projects_dependencies_install() -> None:
+    """The installed dependencies of every extra and theirs (matplotlib imports pyparsing): the CLI
+    refuses each of their top-level modules as a package name, as copier.yml cannot know them."""
+    pyproject = (REPO / "template" / "pyproject.toml.jinja").read_text()
+    requirements = re.findall(r'"([A-Za-z0-9_.-]+)>=', pyproject)
+    assert {"torch", "matplotlib", "wandb", "mlflow-skinny", "pytest"} <= set(requirements)
+    names = installed_modules(requirements)
+    assert {"torch", "pyparsing", "numpy"} <= names  # the project's own dependencies are installed here
+    accepted = []
+    for name in sorted(names):
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or validator_refuses(name):
+            continue
+        try:
+            check_package_name(name)
+            accepted.append(name)
+        except GeneratorError:
+            pass
+    assert accepted == []
+
+
+def test_a_default_package_name_that_shadows_an_installed_module_is_refused(
+    template_dir: Path, tmp_path: Path
+) -> None:
+    """`ddp-new numpy -y`: the package name comes from the project's name, not from --data."""
+    result = cli("numpy", "--defaults", "--template", template_dir, "--dest", tmp_path / "numpy")
+    assert result.exit_code == 2, result.output
+    assert "package_name 'numpy' would shadow the module 'numpy'" in result.output
+    assert not (tmp_path / "numpy").exists() and list(tmp_path.iterdir()) == []
