@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The generated projects' suites first: they are the longest tests, so with two test
     processes (-n 2) they start at once, and the short ones fill the gaps."""
     items.sort(key=lambda item: item.originalname != "test_generated_test_suite_passes")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def default_signal_handling() -> None:
+    """Undo an inherited "ignore" of SIGINT, SIGTERM and SIGHUP, as a terminal's shell would.
+
+    A script's background job (`pytest &` in a non-interactive shell) starts with SIGINT
+    ignored, and an ignored signal stays ignored in every child across exec: the CLI under
+    test would then never see the Ctrl-C or SIGTERM a test sends it, and the test would hang.
+    """
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):  # Windows has no SIGHUP
+        number = getattr(signal, name, None)
+        if number is not None and signal.getsignal(number) == signal.SIG_IGN:
+            default = signal.default_int_handler if name == "SIGINT" else signal.SIG_DFL
+            signal.signal(number, default)  # a child starts with the default (exec resets handlers)
 
 
 @pytest.fixture(scope="session", autouse=True)
