@@ -130,6 +130,42 @@ def test_ctrl_c_at_a_prompt_is_one_line_and_130(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_ctrl_c_that_comes_before_the_read_is_not_lost(tmp_path: Path) -> None:
+    """A Ctrl-C between writing the prompt and reading the answer runs Python's handler, which
+    only sets a flag; input() would then wait for a line. Here the handler runs on another
+    thread while the prompt reads (the main thread blocks SIGINT), the same situation."""
+    script = (
+        "import signal, threading\n"
+        "from generator.prompts import read_line\n"
+        "threading.Thread(target=threading.Event().wait, daemon=True).start()\n"
+        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n"
+        "try:\n"
+        "    read_line('  name: ')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('stopped')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = pexpect.spawn(
+        sys.executable, ["-c", script], cwd=str(tmp_path), env=env, encoding="utf-8", timeout=30
+    )
+    child.expect_exact("  name: ")
+    child.sendcontrol("c")
+    status, output = finish(child)
+    assert status == 0 and output.strip().endswith("stopped"), output
+
+
+def test_a_line_read_at_the_terminal_is_the_answer(tmp_path: Path) -> None:
+    script = "from generator.prompts import read_line\nprint(repr(read_line('  name: ')))\n"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = pexpect.spawn(
+        sys.executable, ["-c", script], cwd=str(tmp_path), env=env, encoding="utf-8", timeout=30
+    )
+    child.expect_exact("  name: ")
+    child.sendline("caf\u00e9 au lait")
+    status, output = finish(child)
+    assert status == 0 and output.strip().splitlines()[-1] == "'caf\u00e9 au lait'", output
+
+
 def test_bad_name_is_refused_before_any_question(tmp_path: Path) -> None:
     child = spawn("name-", cwd=tmp_path)
     status, output = finish(child)
