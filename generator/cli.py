@@ -304,9 +304,6 @@ def options(
 
 
 def main() -> None:
-    from generator.templates import refresh_link
-
-    refresh_link()
     app(prog_name="ddp-new")
 
 

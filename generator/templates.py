@@ -89,21 +89,6 @@ def _point_link_at(bundle: Path) -> str:
     return LINK
 
 
-def refresh_link() -> None:
-    """Keep LINK on this installation's bundle on every run (cheap: no git, no bundle building).
-
-    After `pip install -U ddp-new` in another environment, any ddp-new command, even
-    `--version`, points plain `copier update` at the bundle of the ddp-new just run.
-    """
-    override = os.environ.get("DDP_NEW_BUNDLE")
-    shipped = Path(override) if override else PACKAGE_DIR / "_bundled" / "template.bundle"
-    if shipped.is_file():
-        try:
-            _point_link_at(shipped)
-        except OSError:
-            pass  # a read-only home: rendering and updating will report it
-
-
 def version_tags(bundle: Path) -> tuple[list[str], bool]:
     """Release tags `vX.Y.Z` in the bundle, oldest first, and whether it also holds a HEAD."""
     heads = git(tempfile.gettempdir(), "bundle", "list-heads", str(bundle)).split()

@@ -245,10 +245,16 @@ def test_bundled_upgrade_on_a_fresh_machine(template_repo: Path, tmp_path: Path)
     clone = tmp_path / "teammate"
     git(tmp_path, "clone", "-q", str(project), str(clone))
 
-    # Alice upgrades ddp-new: the link now leads to the new bundle, plain copier sees NEW.
+    # Alice upgrades ddp-new. --version leaves her link alone (only commands that render or update
+    # touch it); `ddp-new update` updates and leads the link to the new bundle, for plain copier.
+    link = alice / ".local" / "share" / "ddp-new" / "template.bundle"
     sh([*DDP_NEW, "--version"], tmp_path, HOME=str(alice), DDP_NEW_BUNDLE=str(bundle_b))
-    sh([*COPIER, "update", "--defaults"], project, HOME=str(alice))
+    assert link.resolve() == bundle_a.resolve()
+    sh([*DDP_NEW, "update", project], tmp_path, HOME=str(alice), DDP_NEW_BUNDLE=str(bundle_b))
     assert (project / "notes.txt").read_text() == NOTES_V2
+    assert link.resolve() == bundle_b.resolve()
+    commit_all(project, "Update")
+    assert sh([*COPIER, "check-update", "--quiet"], project, HOME=str(alice)).returncode == 0
 
     # Bob has only the new ddp-new and an empty home: ddp-new update still finds OLD in its bundle.
     proc = sh([*DDP_NEW, "update", clone], tmp_path, HOME=str(bob), DDP_NEW_BUNDLE=str(bundle_b))
