@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
+from . import rendezvous
 from .options import ConfigError
 
 
@@ -91,34 +92,22 @@ _HOST_GROUP: torch_dist.ProcessGroup | None = None  # gloo beside nccl: see host
 
 
 def setup(env: DistEnv, device: torch.device, timeout_s: int) -> None:
-    """Create the process group: nccl for GPUs, gloo for CPUs."""
+    """Create the process group: nccl for GPUs, gloo for CPUs. ConfigError (one line) if the
+    ranks cannot meet at MASTER_ADDR:MASTER_PORT (rendezvous.py)."""
     timeout = timedelta(seconds=timeout_s)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before init, so NCCL and barriers use this GPU
-    torch_dist.init_process_group(
-        backend="nccl" if device.type == "cuda" else "gloo",
-        store=_store(env, timeout),
-        rank=env.rank,
-        world_size=env.world_size,
-        timeout=timeout,
-        device_id=device if device.type == "cuda" else None,  # NCCL connects eagerly
-    )
+    with rendezvous.one_line_failures(env.world_size, timeout_s):
+        torch_dist.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo",
+            store=rendezvous.store(env.world_size, timeout),
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timeout,
+            device_id=device if device.type == "cuda" else None,  # NCCL connects eagerly
+        )
     global _HOST_GROUP  # new_group is a collective: every rank creates it, in the same order
     _HOST_GROUP = torch_dist.new_group(backend="gloo") if device.type == "cuda" else None
-
-
-def _store(env: DistEnv, timeout: timedelta) -> torch_dist.Store | None:
-    """The key-value store the ranks meet in; None means torch's default (env://)."""
-    if "RANK" not in os.environ:
-        return torch_dist.HashStore()  # one process: nobody to meet, an in-memory store will do
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        # torchrun's store keeps the keys of workers that died: a restarted rank could read a
-        # dead peer's address and hang (pytorch/pytorch#135712). A prefix per attempt: clean.
-        address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-        store = torch_dist.TCPStore(address, port, env.world_size, is_master=False, timeout=timeout)
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        return torch_dist.PrefixStore(f"attempt_{attempt}", store)
-    return None
 
 
 def cleanup(clean_exit: bool) -> None:

@@ -74,3 +74,10 @@ def apply_update(
         del optimizer.found_inf
     elif grad_norm.isfinite():
         optimizer.step()
+
+
+def first_non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
+    """The name of the first tensor with a NaN or an infinity in it, if any: weights to start
+    from are checked, or the first step's non-finite loss would be blamed on --lr."""
+    bad = (name for name, t in tensors.items() if t.is_floating_point() and not t.isfinite().all())
+    return next(bad, None)
