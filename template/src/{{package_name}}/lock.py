@@ -1,7 +1,6 @@
-"""OUT_DIR/run.lock: one run at a time per --out-dir (docs/checkpoints.md). Rank 0 holds it:
-JSON naming its process and job, its modification time a heartbeat. A second run is refused;
-a stale lock (its run is surely gone) is taken over with a warning; a run whose lock was taken
-over or removed stops writing (RunLock.lost(), asked right before each write to OUT_DIR)."""
+"""Lock files: JSON naming the holder, written in one step, its modification time a heartbeat.
+A live lock keeps others out; a stale one (its holder surely gone) is taken over with a warning.
+RunLock: OUT_DIR/run.lock, one run at a time per --out-dir (docs/checkpoints.md)."""
 
 import contextlib
 import json
@@ -18,11 +17,8 @@ from .options import ConfigError
 
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 120.0
+DAMAGED_AFTER_S = 10.0
 LOCK_NAME = "run.lock"
-
-
-def lock_path(out_dir: str) -> Path:
-    return Path(out_dir) / LOCK_NAME
 
 
 def this_process() -> dict[str, Any]:
@@ -64,26 +60,30 @@ def process_start(pid: int) -> str | None:
 
 
 def read_lock(path: Path) -> tuple[dict[str, Any] | None, float] | None:
-    """The lock's holder (None if unreadable) and its heartbeat's age in s; None if no lock."""
+    """The holder (None: unreadable, {}: empty or damaged) and heartbeat age in s; None: no lock."""
     age = 0.0  # a lock that cannot even be looked at counts as fresh: refused, not taken over
     try:
         age = time.time() - path.stat().st_mtime
-        holder = json.loads(path.read_text())
+        holder = json.loads(path.read_bytes())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError):
+    except ValueError:  # not JSON (or not even UTF-8)
+        return {}, age
+    except OSError:
         return None, age
-    return (holder if isinstance(holder, dict) else None), age
+    return (holder if isinstance(holder, dict) else {}), age
 
 
 def stale_reason(holder: dict[str, Any] | None, age: float, me: dict[str, Any]) -> str | None:
     """Why a lock is stale (its holder is surely gone), or None if it may be running: an
     earlier attempt of this job (torchrun restart, SLURM requeue); a process gone from this
-    host (a live one keeps its lock, even stopped with Ctrl-Z); or no heartbeat for
-    STALE_AFTER_S (another host; the clocks must agree to within a minute)."""
+    host (a live one keeps its lock, even stopped with Ctrl-Z); no heartbeat for STALE_AFTER_S
+    (another host; clocks agree to within a minute); empty or damaged for DAMAGED_AFTER_S."""
     heartbeat_stopped = f"no heartbeat for {age:.0f} s" if age > STALE_AFTER_S else None
     if holder is None:
-        return heartbeat_stopped  # being written, or damaged: judged by its heartbeat alone
+        return heartbeat_stopped  # cannot be read (another user's?): judged by its heartbeat
+    if not holder:  # a lock appears whole (_create): its writer died, or its disk filled
+        return f"empty or damaged for {age:.0f} s" if age > DAMAGED_AFTER_S else None
     for job, attempt, what in (
         ("torchelastic_run_id", "torchelastic_restart_count", "torchrun restarted this job"),
         ("slurm_job_id", "slurm_restart_count", "SLURM requeued this job"),
@@ -115,86 +115,40 @@ def _pid_exists(pid: Any) -> bool:
 
 
 def describe(holder: dict[str, Any] | None) -> str:
-    if holder is None:
-        return "unreadable lock file"
+    if not holder:
+        return "unreadable lock file" if holder is None else "empty or damaged lock file"
     return f"host {holder.get('host')}, pid {holder.get('pid')}, started {holder.get('started')}"
 
 
-def in_use_message(out_dir: str, holder: dict[str, Any] | None) -> str:
-    return (
-        f"--out-dir {out_dir} is in use by another run ({describe(holder)}); wait for it to"
-        " finish or use another --out-dir"
-    )
+class LockFile:
+    """A lock that one process at a time holds, from take() to release(); a heartbeat meanwhile."""
 
-
-def check_free(out_dir: str) -> None:
-    """Any rank, before the process group: a quick look for a live lock, to refuse at once
-    (RunLock.acquire decides). Not on several nodes: a rank on another host than the holder
-    cannot see its process, and ranks that disagree here would not exit together."""
-    if int(os.environ.get("LOCAL_WORLD_SIZE", 1)) < int(os.environ.get("WORLD_SIZE", 1)):
-        return
-    found = read_lock(lock_path(out_dir))
-    if found is not None and stale_reason(*found, this_process()) is None:
-        raise ConfigError(in_use_message(out_dir, found[0]))
-
-
-def output_snapshot(out_dir: str) -> tuple[list[str], int]:
-    """What runs leave in OUT_DIR: checkpoint names and the size of metrics.jsonl (-1: none)."""
-    names = sorted(p.name for p in (Path(out_dir) / "checkpoints").glob("step_*.pt"))
-    metrics = Path(out_dir) / "metrics.jsonl"
-    return names, metrics.stat().st_size if metrics.exists() else -1
-
-
-class RunLock:
-    """OUT_DIR/run.lock, held by rank 0 from acquire() to release(). `snapshot`: OUT_DIR when
-    --resume was decided (output_snapshot); if another run wrote there since, refused too."""
-
-    def __init__(self, out_dir: str, is_main: bool, snapshot: tuple[list[str], int]) -> None:
-        self.out_dir, self.is_main, self.snapshot = out_dir, is_main, snapshot
-        self.path = lock_path(out_dir)
-        self.content = ""  # what this process wrote, while it holds the lock
+    def __init__(self, path: Path) -> None:
+        self.path, self.content = path, ""  # content: what this process wrote, while it holds it
         self._lost: str | None = None  # once lost, a lock stays lost
         self._stop = threading.Event()
 
-    def acquire(self) -> bool:
-        """Rank 0 takes the lock; False on every rank if refused (rank 0 says why). A collective."""
-        try:
-            refusal = self._try_acquire() if self.is_main else None  # rank 0's file I/O only
-        except OSError as err:  # a read-only or missing file system, say
-            refusal = f"--out-dir {self.out_dir}: cannot create {self.path}: {err}"
-        refused = any(dist.all_gather_object(refusal))  # every rank calls it
-        if refusal:
-            print(f"error: {refusal}", file=sys.stderr, flush=True)
-        return not refused
-
-    def _try_acquire(self) -> str | None:
-        """Rank 0: create the lock, taking over a stale one; a message if refused."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def take(self) -> tuple[dict[str, Any] | None, float] | None:
+        """Take the lock (a stale one with a warning): None if taken, else read_lock's answer."""
         me = this_process()
-        for _ in range(3):  # a lock removed or taken over meanwhile: look again
-            if self._create(json.dumps(me)):
-                break
+        for _ in range(3):  # a lock created, removed or taken over meanwhile: look again
             found = read_lock(self.path)
             if found is None:
+                if self._create(json.dumps(me)):
+                    return None
                 continue
             reason = stale_reason(*found, me)
             if reason is None:
-                return in_use_message(self.out_dir, found[0])
+                return found
             print(f"warning: taking over {self.path}, left by a run that is gone ({reason})")
             again = read_lock(self.path)  # unless another run has just replaced it with its own
             if again is not None and again[0] == found[0]:
                 self.path.unlink(missing_ok=True)
-        else:
-            return in_use_message(self.out_dir, None)
-        if output_snapshot(self.out_dir) != self.snapshot:
-            self.release()
-            return f"--out-dir {self.out_dir}: another run wrote to it while this one started"
-        threading.Thread(target=self._heartbeat, name="run.lock heartbeat", daemon=True).start()
-        return None
+        return None, 0.0
 
     def _create(self, content: str) -> bool:
-        """Atomically: the complete file appears under the lock's name, or nothing does."""
-        tmp = self.path.with_name(f"{LOCK_NAME}.{socket.gethostname()}.{os.getpid()}.tmp")
+        """Atomically: the whole file appears as the lock (then its heartbeat starts), or none."""
+        tmp = self.path.with_name(f"{self.path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
         tmp.write_text(content)
         try:
             os.link(tmp, self.path)  # fails if the lock exists, even on NFS
@@ -202,25 +156,23 @@ class RunLock:
             return False
         except OSError:  # a file system without hard links (some FUSE or SMB mounts)
             try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                with open(self.path, "x") as file:  # "x": only if it does not exist
+                    file.write(content)  # readers see it empty for a moment: DAMAGED_AFTER_S
             except FileExistsError:
                 return False
-            with os.fdopen(fd, "w") as file:
-                file.write(content)  # readers see it empty for a moment: judged by heartbeat
         finally:
             tmp.unlink()
         self.content = content
+        threading.Thread(target=self._heartbeat, name=self.path.name, daemon=True).start()
         return True
 
     def lost(self) -> str | None:
-        """Rank 0, right before each write to OUT_DIR: why this run no longer holds its lock
-        (taken over, or removed), or None while it does. One small read; safe from any thread.
-        """
+        """Why this process no longer holds the lock (taken over, removed); None while it does."""
         content = self.content  # read once: release() may clear it meanwhile
         if self._lost or not content:
             return self._lost
         try:
-            if self.path.read_text() == content:
+            if self.path.read_text(errors="replace") == content:
                 return None
         except FileNotFoundError:
             pass
@@ -240,9 +192,59 @@ class RunLock:
     def release(self) -> None:
         """Remove the lock if this process holds it; never raises (runs on the way out)."""
         self._stop.set()
-        if not self.content:
-            return
         with contextlib.suppress(OSError):
-            if self.path.read_text() == self.content:  # not a lock taken over meanwhile
-                self.path.unlink()
+            if self.content and self.path.read_text(errors="replace") == self.content:
+                self.path.unlink()  # this process's lock, not one that took it over
         self.content = ""
+
+
+def in_use_message(out_dir: str, holder: dict[str, Any] | None) -> str:
+    return (
+        f"--out-dir {out_dir} is in use by another run ({describe(holder)}); wait for it to"
+        " finish or use another --out-dir"
+    )
+
+
+def check_free(out_dir: str) -> None:
+    """Any rank, before the process group: a live run.lock refuses the run at once (acquire
+    decides). Not on several nodes: ranks on other hosts than the holder's would disagree."""
+    if int(os.environ.get("LOCAL_WORLD_SIZE", 1)) < int(os.environ.get("WORLD_SIZE", 1)):
+        return
+    found = read_lock(Path(out_dir) / LOCK_NAME)
+    if found is not None and stale_reason(*found, this_process()) is None:
+        raise ConfigError(in_use_message(out_dir, found[0]))
+
+
+def output_snapshot(out_dir: str) -> tuple[list[str], int]:
+    """What runs leave in OUT_DIR: checkpoint names and the size of metrics.jsonl (-1: none)."""
+    names = sorted(p.name for p in (Path(out_dir) / "checkpoints").glob("step_*.pt"))
+    metrics = Path(out_dir) / "metrics.jsonl"
+    return names, metrics.stat().st_size if metrics.exists() else -1
+
+
+class RunLock(LockFile):
+    """OUT_DIR/run.lock, held by rank 0 from acquire() to release(). `snapshot`: OUT_DIR when
+    --resume was decided (output_snapshot); if another run wrote there since, refused too."""
+
+    def __init__(self, out_dir: str, is_main: bool, snapshot: tuple[list[str], int]) -> None:
+        super().__init__(Path(out_dir) / LOCK_NAME)
+        self.out_dir, self.is_main, self.snapshot = out_dir, is_main, snapshot
+
+    def acquire(self) -> bool:
+        """Rank 0 takes the lock; False on every rank if refused (rank 0 says why). A collective."""
+        refusal = None
+        try:
+            if self.is_main:  # rank 0's file I/O only
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                if (found := self.take()) is not None:
+                    refusal = in_use_message(self.out_dir, found[0])
+                elif output_snapshot(self.out_dir) != self.snapshot:
+                    self.release()
+                    wrote = "another run wrote to it while this one started"
+                    refusal = f"--out-dir {self.out_dir}: {wrote}"
+        except OSError as err:  # a read-only or missing file system, say
+            refusal = f"--out-dir {self.out_dir}: cannot create {self.path}: {err}"
+        refused = any(dist.all_gather_object(refusal))  # every rank calls it
+        if refusal:
+            print(f"error: {refusal}", file=sys.stderr, flush=True)
+        return not refused
