@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from generator.errors import GeneratorError
-from generator.questions import Question, load_yaml
+from generator.questions import Question, check_package_name, load_yaml
 
 FALSE = {"", "0", "n", "no", "f", "false", "off", "~", "null", "none"}  # as copier reads `when`
 ANSWERS_FILE = ".copier-answers.yml"
@@ -247,10 +247,18 @@ def _normalize(question: Question, raw: str) -> str:
 
 
 def _problem(question: Question, value: Any, answers: dict[str, Any]) -> str:
-    """The question's validator rendered with this answer: a message, or empty when valid."""
-    if not question.validator:
-        return ""
-    return " ".join(render(question.validator, {**answers, question.key: value}).split())
+    """The question's validator rendered with this answer: a message, or empty when valid.
+    A package name must also not be a module importable here (copier.yml knows only the
+    standard library's): asked again now rather than refused after rendering."""
+    problem = ""
+    if question.validator:
+        problem = " ".join(render(question.validator, {**answers, question.key: value}).split())
+    if question.key == "package_name" and not problem and isinstance(value, str):
+        try:
+            check_package_name(value)
+        except GeneratorError as error:
+            problem = str(error)
+    return problem
 
 
 def render(template: str, context: dict[str, Any]) -> str:

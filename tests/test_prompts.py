@@ -106,7 +106,7 @@ def test_a_wrong_answer_gets_the_whole_message_and_is_asked_again(tmp_path: Path
     child.expect_exact(message)
     for shadowing in ("copy", "pyparsing", "sitecustomize"):  # stdlib, a dependency's, a start-up hook
         answer(child, "package_name", shadowing)
-        child.expect_exact(f"package_name '{shadowing}' would shadow a module the project or its")
+        child.expect_exact(f"package_name '{shadowing}' would shadow")
     answer(child, "package_name", "good_name")
     answer(child, "description", "")
     answer(child, "author_name", "")
