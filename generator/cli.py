@@ -199,7 +199,7 @@ class _AnyKey(dict):
 
 
 def _print_next_steps(target: Path) -> None:
-    from generator.update import read_answers
+    from generator.project import read_answers
 
     typer.echo(f"Created {target}")
     try:
@@ -217,7 +217,9 @@ def _print_next_steps(target: Path) -> None:
 
 @app.command()
 def update(
-    path: Annotated[Path, typer.Argument(help="Project to update (a clean git work tree).")] = Path("."),
+    path: Annotated[
+        Path, typer.Argument(help="Project to update (a clean git work tree), or a folder in it.")
+    ] = Path("."),
     data: Annotated[
         list[str] | None,
         typer.Option("--data", "-d", help="Change an answer while updating: key=value (repeatable)."),
@@ -231,17 +233,18 @@ def update(
     ] = False,
 ) -> None:
     """Pull template changes into a project, keeping your edits; exits 3 if conflicts are left."""
-    from generator import questions
+    from generator import project, questions
     from generator import update as updating
 
     try:
-        answers = updating.read_answers(path)
-        src = str(answers["_src_path"])
+        path = project.find_project(path)  # run in src/, it updates the project
+        answers = project.read_answers(path)
+        src = answers["_src_path"]
         bundled = src == updating.LINK
         known = questions.load_questions(questions.bundled_template()) if bundled else _local_questions(src)
         given = questions.parse_data(data or [], known)
         if not isinstance(known, _AnyKey):
-            _check_asked(known, given, answers, path.resolve())
+            _check_asked(known, given, answers, path)
         report = updating.update(path, given, vcs_ref=vcs_ref, trust=trust)
     except GeneratorError as error:
         raise _fail(error) from None

@@ -46,10 +46,9 @@ def copier_errors(action: str, vcs_ref: str | None = None) -> Iterator[None]:
     except ValueError as error:
         if vcs_ref is not None and str(error) == f"Unknown revision: {vcs_ref!r}":
             raise GeneratorError(f"--vcs-ref {vcs_ref}: no such tag or commit in the template") from None
-        if "Unknown revision" in str(error):  # a recorded _commit missing from the history here
+        if "Unknown revision" in str(error):  # (update.py names a project's unknown _commit itself)
             raise GeneratorError(
-                f"{error}: the template history here lacks the project's version; upgrade ddp-new",
-                exit_code=EXIT_FAILED,
+                f"{error}: no such version in the template's history", exit_code=EXIT_FAILED
             ) from None
         raise GeneratorError(str(error)) from None  # copier's validators and choices
     except errors.CopierError as error:

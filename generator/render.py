@@ -10,17 +10,11 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-try:
-    import fcntl
-except ImportError:  # Windows
-    fcntl = None
-
 from generator.errors import EXIT_FAILED, GeneratorError, copier_errors
+from generator.lock import claim
 
 WINDOWS_RESERVED = {"CON", "PRN", "AUX", "NUL"} | {f"{p}{i}" for p in ("COM", "LPT") for i in range(1, 10)}
 
@@ -61,14 +55,20 @@ def check_target(target: Path, force: bool) -> None:
     if target.is_dir():
         if _own_entries(target) and not force:
             raise GeneratorError(f"{target} exists and is not empty; pass --force to render into it")
-        if not os.access(target, os.W_OK | os.X_OK):
-            raise GeneratorError(f"cannot write to {target}: permission denied")
+        _check_writable(target)
         return
     if not target.parent.is_dir():
         what = "is not a directory" if target.parent.exists() else "does not exist"
         raise GeneratorError(f"{target.parent} {what}; create the directory first")
-    if not os.access(target.parent, os.W_OK | os.X_OK):
-        raise GeneratorError(f"cannot write to {target.parent}: permission denied")
+    _check_writable(target.parent)
+
+
+def _check_writable(directory: Path) -> None:
+    if os.access(directory, os.W_OK | os.X_OK):
+        return
+    read_only = hasattr(os, "statvfs") and os.statvfs(directory).f_flag & os.ST_RDONLY
+    why = "it is on a read-only file system" if read_only else "permission denied"
+    raise GeneratorError(f"cannot write to {directory}: {why}; put the project elsewhere (--dest PATH)")
 
 
 def _own_entries(target: Path) -> list[Path]:
@@ -115,7 +115,8 @@ def render(
     """
     check_target(target, force)
     scratch = target if target.is_dir() else target.parent
-    with claim(scratch / f".{target.name}.ddp-new.lock", target):
+    lock = scratch / f".{target.name}.ddp-new.lock"
+    with claim(lock, f"rendering into {target}", "wait for it to finish or choose another name"):
         check_target(target, force)  # again: another render may have finished meanwhile
         for stale in scratch.glob(f".{target.name}.*.ddp-new"):
             shutil.rmtree(stale, ignore_errors=True)  # left by a render that was killed
@@ -131,37 +132,6 @@ def render(
             _publish(tmp, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-@contextmanager
-def claim(lock: Path, target: Path) -> Iterator[None]:
-    """Hold an exclusive lock on `lock` (a file), or refuse: another ddp-new renders `target`."""
-    busy = GeneratorError(
-        f"another ddp-new is rendering into {target} right now; wait for it to finish or choose another name"
-    )
-    while True:
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | (0 if fcntl else os.O_EXCL), 0o644)
-        except FileExistsError:  # no fcntl (Windows): the file itself is the lock
-            raise busy from None
-        except OSError as error:
-            raise GeneratorError(f"cannot write to {lock.parent}: {error.strerror}") from None
-        try:
-            if fcntl:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise busy from None
-        # The previous holder may have deleted the file between our open and flock.
-        if not lock.exists() or os.stat(lock).st_ino != os.fstat(fd).st_ino:
-            os.close(fd)
-            continue
-        break
-    try:
-        yield
-    finally:
-        lock.unlink(missing_ok=True)  # still holding it: nobody can take the deleted file
-        os.close(fd)
 
 
 def _run_copy(

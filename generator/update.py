@@ -15,11 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from generator import __version__
 from generator.errors import EXIT_FAILED, GeneratorError, copier_errors
 from generator.git import git
+from generator.lock import claim
+from generator.project import ANSWERS, check_clean_git, check_source, git_dir, read_answers
 from generator.templates import LINK, packaged_bundle, pick_ref, point_link_at
 
-ANSWERS = ".copier-answers.yml"
+# In the project's git directory: git never shows it there, so it is never committed, and a
+# work tree with it is still clean for the next update's check.
+LOCK = "ddp-new-update.lock"
+RELEASE = re.compile(r"^v(\d+\.\d+\.\d+)")  # a release, or a commit after one: v0.5.0.post7+git-g...
 MARKER = re.compile(r"^<<<<<<< before updating$", re.MULTILINE)  # copier's inline conflict
 
 
@@ -38,46 +44,23 @@ class UpdateReport:
         return not (self.added or self.changed or self.removed or self.conflicts or self.kept)
 
 
-def read_answers(project: Path) -> dict[str, Any]:
-    from generator.questions import load_yaml
-
-    path = project / ANSWERS
-    if not path.is_file():
-        raise GeneratorError(f"{project} has no {ANSWERS}; it was not rendered from a copier template")
-    try:
-        answers = load_yaml(path.read_text(encoding="utf-8"), source=str(path))
-    except (OSError, UnicodeDecodeError) as error:
-        raise GeneratorError(f"cannot read {path}: {error}") from None
-    if not isinstance(answers, dict) or "_src_path" not in answers:
-        raise GeneratorError(f"{path} has no _src_path; cannot tell which template to update from")
-    return answers
-
-
-def check_clean_git(project: Path) -> None:
-    """Refuse a project that is not a git work tree or has uncommitted or untracked files."""
-    if not project.is_dir():
-        raise GeneratorError(f"{project} is not a directory")
-    if git(project, "rev-parse", "--is-inside-work-tree", check=False).strip() != "true":
-        raise GeneratorError(
-            f"{project} is not a git repository; updating needs one to merge safely:"
-            " git init && git add -A && git commit -m 'Initial commit'"
-        )
-    dirty = git(project, "status", "--porcelain", "--untracked-files=all").splitlines()
-    if dirty:
-        raise GeneratorError(
-            f"{project} has {len(dirty)} uncommitted or untracked file(s), e.g. {dirty[0][3:]};"
-            " commit or stash them first so the update can be reviewed and undone"
-        )
-
-
 def update(
     project: Path, data: dict[str, Any], *, vcs_ref: str | None = None, trust: bool = False
 ) -> UpdateReport:
-    """Update `project` to the template of this installation (or `vcs_ref`)."""
+    """Update `project` to the template of this installation (or `vcs_ref`); one update of a
+    project at a time: a second one is refused while the first holds the lock."""
     project = project.resolve()
     answers = read_answers(project)
+    check_source(project, answers["_src_path"])
+    with claim(git_dir(project) / LOCK, f"updating {project}"):
+        return _update(project, answers, data, vcs_ref=vcs_ref, trust=trust)
+
+
+def _update(
+    project: Path, answers: dict[str, Any], data: dict[str, Any], *, vcs_ref: str | None, trust: bool
+) -> UpdateReport:
     check_clean_git(project)
-    src = str(answers["_src_path"])
+    src = answers["_src_path"]
     if src == LINK:  # rendered from a ddp-new bundle: make the link lead to ours
         bundle = packaged_bundle()
         if bundle is None:
@@ -90,27 +73,54 @@ def update(
         vcs_ref = vcs_ref or pick_ref(bundle)
         trust = True  # the template shipped with ddp-new itself; its migrations are ours
     old_version = str(answers.get("_commit", "?"))
-    _run_update(project, data, vcs_ref=vcs_ref, trust=trust)
+    _run_update(project, data, vcs_ref=vcs_ref, trust=trust, old_version=old_version, src=src)
     report = _report(project, old_version)
     if report.removed:
         _keep_user_changed(project, answers, report, trust=trust)
     return report
 
 
-def _run_update(project: Path, data: dict[str, Any], *, vcs_ref: str | None, trust: bool) -> None:
+def _run_update(
+    project: Path, data: dict[str, Any], *, vcs_ref: str | None, trust: bool, old_version: str, src: str
+) -> None:
     import copier
 
     with copier_errors("update", vcs_ref):
-        copier.run_update(
-            project,
-            data=data,
-            defaults=True,
-            overwrite=True,
-            conflict="inline",
-            vcs_ref=vcs_ref,
-            unsafe=trust,
-            quiet=True,
+        try:
+            copier.run_update(
+                project,
+                data=data,
+                defaults=True,
+                overwrite=True,
+                conflict="inline",
+                vcs_ref=vcs_ref,
+                unsafe=trust,
+                quiet=True,
+            )
+        except ValueError as error:  # a revision that is not --vcs-ref's: the project's own version
+            if str(error).startswith("Unknown revision") and str(error) != f"Unknown revision: {vcs_ref!r}":
+                raise _unknown_version(project, old_version, src) from None
+            raise
+
+
+def _unknown_version(project: Path, commit: str, src: str) -> GeneratorError:
+    """The project's recorded _commit is not in the template's history."""
+    release = RELEASE.match(commit)
+    if src == LINK and release and _numbers(release.group(1)) > _numbers(__version__):
+        return GeneratorError(
+            f"{project} was rendered from template {commit}, newer than this ddp-new"
+            f" ({__version__}); upgrade ddp-new (pip install -U ddp-new)",
+            exit_code=EXIT_FAILED,
         )
+    what = "a release of ddp-new's template" if src == LINK else f"a version of the template {src}"
+    return GeneratorError(
+        f"{project / ANSWERS}: _commit {commit} is not {what}; set it back to the version the"
+        f" project was rendered from (git log -p {ANSWERS} shows it), commit, and run the update again"
+    )
+
+
+def _numbers(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
 
 
 def _report(project: Path, old_version: str) -> UpdateReport:

@@ -350,6 +350,30 @@ def test_read_only_parent_is_refused(tmp_path: Path, template_dir: Path) -> None
     assert listing(parent) == []
 
 
+def test_dest_on_a_read_only_file_system_is_named(tmp_path: Path, template_dir: Path) -> None:
+    """A read-only mount (root can write through permission bits, not through this)."""
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1M", "tmpfs", mount], capture_output=True
+    ).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "generator", "p", "-y", "--template", template_dir, "--dest", mount / "p"],
+            cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        left = listing(mount)
+    finally:
+        subprocess.run(["umount", mount], check=True)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (
+        f"error: cannot write to {mount}: it is on a read-only file system;"
+        " put the project elsewhere (--dest PATH)\n"
+    )
+    assert left == []
+
+
 def test_ctrl_c_while_rendering_leaves_nothing(tmp_path: Path) -> None:
     import signal
     import time
@@ -396,12 +420,16 @@ def test_two_renders_into_one_target_give_one_project(tmp_path: Path, template_d
 
 
 def test_render_while_another_holds_the_target_is_refused(tmp_path: Path, template_dir: Path) -> None:
-    from generator import render
+    from generator.lock import claim
 
-    with render.claim(tmp_path / ".p.ddp-new.lock", tmp_path / "p"):
+    lock = tmp_path / ".p.ddp-new.lock"
+    with claim(lock, f"rendering into {tmp_path / 'p'}"):
         result = cli("p", "-y", "--template", template_dir, cwd=tmp_path)
     assert result.exit_code == 2
-    assert "another ddp-new is rendering into" in result.output
+    assert result.output == (
+        f"error: another ddp-new (process {os.getpid()}) is rendering into {tmp_path / 'p'} right now"
+        f" (lock {lock}); wait for it to finish or choose another name\n"
+    )
     assert listing(tmp_path) == []
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -24,8 +25,6 @@ NOTES_V2 = "alpha\nbeta, improved\ngamma\n"
 
 
 def sh(cmd: list, cwd: Path, check: bool = True, **env: str) -> subprocess.CompletedProcess:
-    import os
-
     proc = subprocess.run(
         [str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, env={**os.environ, **env}
     )
@@ -570,6 +569,146 @@ def test_update_without_git_is_one_line(project: Path) -> None:
     proc = sh([*DDP_NEW, "update", project], project.parent, check=False, PATH="/nonexistent")
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.strip() == "error: git is not installed; ddp-new needs it"
+
+
+# ---------------------------------------------------------------- one update at a time
+def test_an_update_while_another_runs_is_refused(project: Path) -> None:
+    from generator.lock import claim
+    from generator.update import LOCK
+
+    lock = project / ".git" / LOCK
+    with claim(lock, f"updating {project}"):  # as a running `ddp-new update` holds it
+        proc = sh([*DDP_NEW, "update", project], project.parent, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr == (
+        f"error: another ddp-new (process {os.getpid()}) is updating {project} right now"
+        f" (lock {lock}); wait for it to finish\n"
+    )
+    assert changed_paths(project) == set() and not lock.exists()
+
+
+def test_two_updates_at_once_give_one_update(project: Path) -> None:
+    """Started together with different answers, one update wins and the other changes nothing:
+    the answers file and the files agree (the tools and the profiler are never mixed)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [
+        subprocess.Popen(
+            [*DDP_NEW, "update", project, "--data", f"features={features}"],
+            cwd=project.parent,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for features in ("tools", "profiler")
+    ]
+    results = [(proc.wait(timeout=300), proc.stderr.read()) for proc in procs]
+    for proc in procs:
+        proc.stdout.close()
+        proc.stderr.close()
+    assert sorted(status for status, _ in results) == [0, 2], results
+    loser = next(err for status, err in results if status == 2)
+    assert "is updating" in loser or "uncommitted" in loser, loser  # refused while, or after, the winner ran
+    features = answers(project)["features"]
+    package = project / "src" / "demo"
+    assert (package / "doctor.py").is_file() == (features == ["tools"]), features
+    assert (package / "profiling.py").is_file() == (features == ["profiler"]), features
+    assert not [path for path in changed_paths(project) if "lock" in path]
+    assert not (project / ".git" / "ddp-new-update.lock").exists()
+
+
+def test_a_lock_left_by_a_killed_update_does_not_block(project: Path) -> None:
+    from generator.update import LOCK
+
+    lock = project / ".git" / LOCK
+    hold = (
+        "import pathlib, sys\n"
+        "from generator.lock import claim\n"
+        "with claim(pathlib.Path(sys.argv[1]), 'updating'):\n"
+        "    print('held', flush=True)\n"
+        "    input()\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold, lock], env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout.readline() == "held\n"
+    holder.kill()  # as a kill -9 or a power cut: the file stays, with the dead process's id
+    holder.wait()
+    holder.stdin.close()
+    holder.stdout.close()
+    assert lock.read_text() == f"{holder.pid}\n"
+    sh([*DDP_NEW, "update", project], project.parent)
+    assert_updated(project)
+    assert not lock.exists()
+
+
+# ---------------------------------------------------------------- what a broken project is told
+def test_update_in_a_folder_of_the_project_updates_the_project(project: Path) -> None:
+    proc = sh([*DDP_NEW, "update"], project / "src" / "demo")
+    assert f"Updated {project} from template {OLD} to {NEW}" in proc.stdout
+    assert_updated(project)
+
+
+def test_a_folder_of_a_repository_without_a_project_is_named(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    git(repo, "init", "-q")
+    proc = sh([*DDP_NEW, "update"], repo / "src", check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (
+        f"error: {repo / 'src'} has no .copier-answers.yml nor in a folder above it up to {repo};"
+        " it was not rendered from a copier template\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("", " has no _src_path, the template the project was rendered from; restore it"),
+        ("_src_path:\n", " has no _src_path, the template the project was rendered from; restore it"),
+        ("_src_path: /nonexistent/template\n", ": _src_path /nonexistent/template does not exist; set it"),
+    ],
+    ids=["missing", "empty", "gone"],
+)
+def test_a_broken_src_path_is_named_with_the_fix(project: Path, line: str, message: str) -> None:
+    path = project / ".copier-answers.yml"
+    kept = [row for row in path.read_text().splitlines(keepends=True) if not row.startswith("_src_path:")]
+    path.write_text("".join(kept) + line)
+    commit_all(project, "A broken answers file")
+    proc = sh([*DDP_NEW, "update", project], project.parent, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"error: {path}{message}"), proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert changed_paths(project) == set()
+
+
+@pytest.mark.parametrize(
+    ("commit", "status", "message"),
+    [
+        (
+            "v9.bogus",
+            2,
+            "_commit v9.bogus is not a release of ddp-new's template; set it back to the version",
+        ),
+        ("v99.0.0", 1, "was rendered from template v99.0.0, newer than this ddp-new"),
+    ],
+)
+def test_a_commit_that_is_not_a_release_is_named(
+    template_repo: Path, tmp_path: Path, commit: str, status: int, message: str
+) -> None:
+    bundle = make_bundle(template_repo, NEW, tmp_path / "b.bundle")
+    sh([*DDP_NEW, "demo", "-y", "--git"], tmp_path, DDP_NEW_BUNDLE=str(bundle))
+    project = tmp_path / "demo"
+    path = project / ".copier-answers.yml"
+    path.write_text(path.read_text().replace(f"_commit: {NEW}", f"_commit: {commit}"))
+    commit_all(project, "A hand-edited version")
+    proc = sh([*DDP_NEW, "update", project], tmp_path, check=False, DDP_NEW_BUNDLE=str(bundle))
+    assert proc.returncode == status, proc.stderr
+    assert message in proc.stderr, proc.stderr
+    assert ("upgrade ddp-new" in proc.stderr) == (status == 1), proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert changed_paths(project) == set()
 
 
 # ---------------------------------------------------------------- features (optional capabilities)
