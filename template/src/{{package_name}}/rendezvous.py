@@ -24,8 +24,9 @@ def store(world_size: int, timeout: timedelta) -> torch_dist.Store | None:
     address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     try:  # torch would retry a name that does not resolve for --dist-timeout: ask once here
         socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as err:
-        why = f"host {address} does not resolve ({getattr(err, 'strerror', None) or err})"
+    except (socket.gaierror, UnicodeError) as err:  # UnicodeError: not a host name at all
+        reason = err.strerror if isinstance(err, OSError) else err
+        why = f"host {address} does not resolve ({reason})"
         raise ConfigError(f"{endpoint()}: {why}; set MASTER_ADDR to rank 0's host") from None
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # torchrun's store keeps the keys of workers that died: a restarted rank could read a
@@ -77,7 +78,7 @@ def problem(err: torch_dist.DistError, world_size: int, timeout_s: int) -> str:
         found = re.search(r"message: ([^\n]+)", text)
         why = found.group(1) if found else "the port is taken, or not allowed"
         return f"{endpoint()}: rank 0 cannot listen on port {port} ({why}); set a free MASTER_PORT"
-    if isinstance(err, torch_dist.DistStoreError):  # rank 0 waited for the others
+    if isinstance(err, torch_dist.DistStoreError):  # the ranks that came waited for the rest
         return (
             f"{endpoint()}: not all {world_size} processes (WORLD_SIZE) joined within"
             f" --dist-timeout {timeout_s} s; start every rank, with the same MASTER_ADDR and"
