@@ -136,7 +136,7 @@ def test_ctrl_c_that_comes_before_the_read_is_not_lost(tmp_path: Path) -> None:
     thread while the prompt reads (the main thread blocks SIGINT), the same situation."""
     script = (
         "import signal, threading\n"
-        "from generator.prompts import read_line\n"
+        "from generator.terminal import read_line\n"
         "threading.Thread(target=threading.Event().wait, daemon=True).start()\n"
         "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n"
         "try:\n"
@@ -155,7 +155,7 @@ def test_ctrl_c_that_comes_before_the_read_is_not_lost(tmp_path: Path) -> None:
 
 
 def test_a_line_read_at_the_terminal_is_the_answer(tmp_path: Path) -> None:
-    script = "from generator.prompts import read_line\nprint(repr(read_line('  name: ')))\n"
+    script = "from generator.terminal import read_line\nprint(repr(read_line('  name: ')))\n"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     child = pexpect.spawn(
         sys.executable, ["-c", script], cwd=str(tmp_path), env=env, encoding="utf-8", timeout=30
