@@ -1,16 +1,18 @@
-"""How a run stops: SIGTERM, Ctrl-C, torchrun's death, a usage error, or a failure.
+"""How a run stops: SIGTERM, SIGHUP, Ctrl-C, torchrun's death, a usage error, or a failure.
 
-SIGTERM (SLURM, Kubernetes, torchrun) and Ctrl-C only set a flag: the ranks agree on it
-(dist.AgreeLater) and stop together at a step boundary, after rank 0 saved the step. A second
-Ctrl-C (or a SIGTERM after one: torchrun passes a second Ctrl-C on as SIGTERM) stops at once.
+SIGTERM (SLURM, Kubernetes, torchrun), SIGHUP (a closed terminal or login session) and Ctrl-C
+only set a flag: the ranks agree on it (dist.AgreeLater) and stop together at a step boundary,
+after rank 0 saved the step. A second Ctrl-C (or a SIGTERM or SIGHUP after one: torchrun passes
+a second Ctrl-C on as SIGTERM) stops at once.
 """
 
+import errno
 import os
 import signal
 import sys
 import threading
 import time
-from typing import Any, NoReturn, Self
+from typing import Any, NoReturn, Self, TextIO
 
 import torch.distributed as torch_dist
 
@@ -25,17 +27,20 @@ class Interrupted(BaseException):
 
 
 class Preemption:
-    """While active, SIGTERM and SIGINT only set `reason`; so does the death of torchrun (a
-    launcher killed with SIGKILL cannot pass a signal on, and its orphaned workers would train
+    """While active, SIGTERM, SIGHUP and SIGINT only set `reason`; so does the death of torchrun
+    (a launcher killed with SIGKILL cannot pass a signal on, and its orphaned workers would train
     on beside a rerun): under torchrun a thread sees the worker re-parented."""
 
-    SIGTERM, LAUNCHER_EXITED, INTERRUPT = 1, 2, 3  # reasons; the ranks agree on the largest
+    SIGTERM, HANGUP, LAUNCHER_EXITED, INTERRUPT = 1, 2, 3, 4  # the ranks agree on the largest
     WHY = {
         SIGTERM: "SIGTERM",
+        HANGUP: "SIGHUP (the terminal or login session closed)",
         LAUNCHER_EXITED: "launcher (torchrun) exited",
         INTERRUPT: "interrupted (Ctrl-C)",
     }
-    EXIT_STATUS = {SIGTERM: 143, LAUNCHER_EXITED: 143, INTERRUPT: EXIT_INTERRUPTED}
+    # 128 + the signal's number, as a shell reports a process that a signal ended
+    EXIT_STATUS = {SIGTERM: 143, HANGUP: 129, LAUNCHER_EXITED: 143, INTERRUPT: EXIT_INTERRUPTED}
+    REASONS = {signal.SIGTERM: SIGTERM, signal.SIGHUP: HANGUP, signal.SIGINT: INTERRUPT}
     WATCH_EVERY_S = 1.0
     reason = 0
     interrupted = False  # this process got a Ctrl-C: the next signal stops it at once
@@ -45,8 +50,9 @@ class Preemption:
         return self.reason > 0
 
     def __enter__(self) -> Self:
-        handled = (signal.SIGTERM, signal.SIGINT)
-        self._previous = {signum: signal.signal(signum, self._handle) for signum in handled}
+        self._previous = {signum: signal.signal(signum, self._handle) for signum in self.REASONS}
+        self._streams = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = (Terminal(s) if s.isatty() else s for s in self._streams)
         self._done = threading.Event()
         if "TORCHELASTIC_RUN_ID" in os.environ:  # set by torchrun for its workers
             parent = os.getppid()
@@ -57,21 +63,53 @@ class Preemption:
         self._done.set()
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
+        sys.stdout, sys.stderr = self._streams
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.interrupted:
             raise Interrupted
         if signum == signal.SIGINT:
             self.interrupted = True
-            self.reason = max(self.reason, self.INTERRUPT)
-        else:
-            self.reason = max(self.reason, self.SIGTERM)
+        self.reason = max(self.reason, self.REASONS[signum])
 
     def _watch(self, parent: int) -> None:
         while not self._done.wait(self.WATCH_EVERY_S):
             if os.getppid() != parent:
                 self.reason = max(self.reason, self.LAUNCHER_EXITED)
                 return
+
+
+class Terminal:
+    """sys.stdout or sys.stderr at a terminal, which may hang up (a closed window or ssh session)
+    before its SIGHUP reaches this process. A write then fails with EIO, and would stop the run
+    before it saved; instead, what is written from then on goes to /dev/null."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def __getattr__(self, name: str) -> Any:  # all but write and flush: the stream's own
+        return getattr(self.stream, name)
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except OSError as err:
+            self._hung_up(err)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except OSError as err:
+            self._hung_up(err)
+
+    def _hung_up(self, err: OSError) -> None:
+        if err.errno != errno.EIO:
+            raise err
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self.stream.fileno())
+        os.close(devnull)
+        self.stream.flush()  # what was buffered goes to /dev/null too
 
 
 USAGE_ERROR_GRACE_S = 5.0  # see report_usage_error
@@ -110,6 +148,23 @@ def stop_at_once() -> NoReturn:
     os._exit(EXIT_INTERRUPTED)
 
 
+# What a collective raises when another rank is gone or stalled: NCCL and the store raise
+# torch.distributed.DistError (and subclasses); gloo raises a plain RuntimeError, whose message
+# names gloo only through its source path, if at all: "Connection closed by peer [host]:port",
+# "Connection reset by peer", "Timed out waiting 4000ms for recv operation to complete", and
+# "Application timeout caused pair closure" for a collective queued behind one that timed out,
+# "Connection refused" for a peer that is gone before a collective connects.
+PEER_TROUBLE = ("gloo", "nccl", "by peer", "pair closure", "timed out waiting", "refused")
+
+
+def collective_failed(err: BaseException) -> bool:
+    """Whether `err` is a collective that failed because of another rank."""
+    text = str(err).lower()
+    return isinstance(err, torch_dist.DistError) or (
+        isinstance(err, RuntimeError) and any(words in text for words in PEER_TROUBLE)
+    )
+
+
 def fail(err: BaseException, env: dist.DistEnv, timeout_s: int) -> NoReturn:
     """An exception escaped training: re-raise it with one process; with several, print it and
     exit 1 at once."""
@@ -117,7 +172,7 @@ def fail(err: BaseException, env: dist.DistEnv, timeout_s: int) -> NoReturn:
         dist.cleanup(clean_exit=False)
         raise err
     sys.excepthook(type(err), err, err.__traceback__)  # torch's hook adds a [rankN] prefix
-    if isinstance(err, torch_dist.DistError) or "gloo" in str(err) or "NCCL" in str(err):
+    if collective_failed(err):
         print(
             f"error: rank {env.rank}: a collective failed: another rank crashed, was killed, or"
             f" stalled for longer than --dist-timeout ({timeout_s} s). Look for its own error in"
