@@ -258,6 +258,11 @@ def update(
     for label, paths in (("added", report.added), ("changed", report.changed), ("removed", report.removed)):
         for item in paths:
             typer.echo(f"  {label:<8} {item}")
+    if bundled:  # ddp-new's own template: what the releases in between changed, and what to do
+        from generator.changelog import notes
+
+        text = notes(questions.bundled_template(), report.old_version, report.new_version)
+        typer.echo(f"\n{text}\n" if text else "", nl=False)
     if report.conflicts or report.kept:
         typer.echo("error: conflicts to resolve, then commit:", err=True)
         for item in report.conflicts:

@@ -552,6 +552,11 @@ def test_update_from_a_release_touches_only_what_changed(release: str, tool: str
     assert (project / "configs" / "example.toml").is_file() and not (
         project / "configs" / "default.toml"
     ).exists()
+    if tool == "ddp-new":  # the CHANGELOG.md entries of every release since the project's
+        versions = list(read_record(REPO))
+        newer = versions[versions.index(release) + 1 :]
+        assert all(f"\n## {v} (" in proc.stdout for v in newer), proc.stdout
+        assert f"## {release} (" not in proc.stdout
 
 
 def test_a_release_record_that_contradicts_a_tag_is_refused(untagged_repo: Path, tmp_path: Path) -> None:
