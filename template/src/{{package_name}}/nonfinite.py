@@ -78,6 +78,7 @@ def apply_update(
 
 def first_non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
     """The name of the first tensor with a NaN or an infinity in it, if any: weights to start
-    from are checked, or the first step's non-finite loss would be blamed on --lr."""
-    bad = (name for name, t in tensors.items() if t.is_floating_point() and not t.isfinite().all())
-    return next(bad, None)
+    from are checked, or the first step's non-finite loss would be blamed on --lr. Shapes
+    without values (a sharded checkpoint's, on the meta device) are not checked here."""
+    real = ((name, t) for name, t in tensors.items() if t.is_floating_point() and not t.is_meta)
+    return next((name for name, t in real if not t.isfinite().all()), None)
