@@ -52,7 +52,7 @@ class Preemption:
     def __enter__(self) -> Self:
         self._previous = {signum: signal.signal(signum, self._handle) for signum in self.REASONS}
         self._streams = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = (Terminal(s) if s.isatty() else s for s in self._streams)
+        sys.stdout, sys.stderr = [Terminal(s) if s.isatty() else s for s in self._streams]
         self._done = threading.Event()
         if "TORCHELASTIC_RUN_ID" in os.environ:  # set by torchrun for its workers
             parent = os.getppid()
