@@ -130,6 +130,14 @@ def test_ctrl_c_at_a_prompt_is_one_line_and_130(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def spawn_script_at_prompt(script: str, cwd: Path) -> pexpect.spawn:
+    """A Python `script` that reads a line at the prompt '  name: ', in a terminal, at its prompt."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = pexpect.spawn(sys.executable, ["-c", script], cwd=str(cwd), env=env, encoding="utf-8", timeout=30)
+    child.expect_exact("  name: ")
+    return child
+
+
 def test_ctrl_c_that_comes_before_the_read_is_not_lost(tmp_path: Path) -> None:
     """A Ctrl-C between writing the prompt and reading the answer runs Python's handler, which
     only sets a flag; input() would then wait for a line. Here the handler runs on another
@@ -144,11 +152,7 @@ def test_ctrl_c_that_comes_before_the_read_is_not_lost(tmp_path: Path) -> None:
         "except KeyboardInterrupt:\n"
         "    print('stopped')\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    child = pexpect.spawn(
-        sys.executable, ["-c", script], cwd=str(tmp_path), env=env, encoding="utf-8", timeout=30
-    )
-    child.expect_exact("  name: ")
+    child = spawn_script_at_prompt(script, tmp_path)
     child.sendcontrol("c")
     status, output = finish(child)
     assert status == 0 and output.strip().endswith("stopped"), output
@@ -156,11 +160,7 @@ def test_ctrl_c_that_comes_before_the_read_is_not_lost(tmp_path: Path) -> None:
 
 def test_a_line_read_at_the_terminal_is_the_answer(tmp_path: Path) -> None:
     script = "from generator.terminal import read_line\nprint(repr(read_line('  name: ')))\n"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    child = pexpect.spawn(
-        sys.executable, ["-c", script], cwd=str(tmp_path), env=env, encoding="utf-8", timeout=30
-    )
-    child.expect_exact("  name: ")
+    child = spawn_script_at_prompt(script, tmp_path)
     child.sendline("caf\u00e9 au lait")
     status, output = finish(child)
     assert status == 0 and output.strip().splitlines()[-1] == "'caf\u00e9 au lait'", output
