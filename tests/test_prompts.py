@@ -131,7 +131,7 @@ def test_ctrl_c_at_a_prompt_is_one_line_and_130(tmp_path: Path) -> None:
 
 
 def spawn_script_at_prompt(script: str, cwd: Path) -> pexpect.spawn:
-    """A Python `script` that reads a line at the prompt '  name: ', in a terminal, at its prompt."""
+    """A Python `script` run in a terminal, once it shows the prompt '  name: ' and reads a line."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     child = pexpect.spawn(sys.executable, ["-c", script], cwd=str(cwd), env=env, encoding="utf-8", timeout=30)
     child.expect_exact("  name: ")
