@@ -21,7 +21,7 @@ COPIER_YML = Path(__file__).resolve().parents[1] / "copier.yml"
 BEGIN = "{# the standard library: python -m generator.stdlib_names #}"
 END = "{# end of the standard library #}"
 INDENT = " " * 6
-WIDTH = 100
+WIDTH = 170
 
 
 def stdlib_names() -> list[str]:
@@ -41,7 +41,7 @@ def rewrite(text: str) -> str:
     body = textwrap.fill("'" + " ".join(names) + "'", WIDTH, initial_indent=INDENT, subsequent_indent=INDENT)
     head, rest = text.split(BEGIN, 1)
     tail = rest.split(END, 1)[1]
-    return f"{head}{BEGIN}\n    {{% set stdlib =\n{body}.split() %}}\n    {END}{tail}"
+    return f"{head}{BEGIN}{{% set stdlib =\n{body}.split() %}}{END}{tail}"
 
 
 def main() -> None:
