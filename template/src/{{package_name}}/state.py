@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import dist, optim, strategy
+from . import dist, optim, parallel
 from .config import TrainConfig
 
 
@@ -39,21 +39,20 @@ class Progress:
 
 @dataclass
 class TrainState:
-    """The model as it trains (wrapped by `strategy`), its optimizer, schedule, loss scaler
+    """The model as it trains (wrapped by parallel.wrap), its optimizer, schedule, loss scaler
     and the data position."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
-    strategy: strategy.DDPStrategy
     progress: Progress = field(default_factory=Progress)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain types and tensors, every rank's RNG state included. A collective."""
         rng = dist.all_gather_object(_rng_state(_device_of(self.model)))
         return {
-            **self.strategy.state_dict(self.model, self.optimizer),  # model and optimizer
+            **parallel.model_state(self.model, self.optimizer),  # model and optimizer
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             **asdict(self.progress),
@@ -64,7 +63,7 @@ class TrainState:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint that resume.py checked. Per-rank RNG states only come
         back at the world size they were saved at (at another, a warning)."""
-        self.strategy.load_state_dict(self.model, self.optimizer, state)
+        parallel.load_model_state(self.model, self.optimizer, state)
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(state["step"], state["epoch"], state["position"])
@@ -79,7 +78,7 @@ class TrainState:
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """--init-from: the model's weights only; optimizer, schedule and progress stay fresh."""
-        self.strategy.load_weights(self.model, weights)
+        parallel.load_weights(self.model, weights)
 
 
 def restore(start: Start, state: TrainState, cfg: TrainConfig) -> None:
