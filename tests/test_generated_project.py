@@ -50,9 +50,10 @@ def test_torchrun_two_processes(project: Path, tmp_path: Path) -> None:
 
 # The generated suite for answers that together take every value class the questions offer:
 # each precision, accumulation 1 and more (the suite's own tests must not assume 1 or 2), the
-# loggers (tensorboard, wandb, mlflow; none in the quickstart tests), all launchers, none, and one
-# alone; the language-model task; the lean core (no features), every capability alone and all
-# of them together (fsdp as the default strategy).
+# loggers (tensorboard, wandb, mlflow; none in the quickstart tests), the script launchers, none,
+# one alone, and the cluster launchers together (slurm, kubernetes); the language-model task; the
+# lean core (no features), every capability alone and all of them together (fsdp as the default
+# strategy).
 ALL_FEATURES = ["fsdp", "comm_hooks", "tools", "profiler"]
 LEAN = dict(precision="bf16", logger="wandb")
 SUITE_MATRIX = {
@@ -64,8 +65,8 @@ SUITE_MATRIX = {
     "fp16-accum3-tensorboard-no-launchers": dict(
         precision="fp16", grad_accum_steps=3, logger="tensorboard", launchers=[]
     ),
-    "fp32-accum2-slurm-only-mlflow": dict(
-        precision="fp32", grad_accum_steps=2, launchers=["slurm"], logger="mlflow"
+    "fp32-accum2-slurm-kubernetes-mlflow": dict(
+        precision="fp32", grad_accum_steps=2, launchers=["slurm", "kubernetes"], logger="mlflow"
     ),
     "lm-bf16-accum2-local-tools-profiler": dict(
         task="lm", precision="bf16", grad_accum_steps=2, launchers=["local"], features=["tools", "profiler"]
@@ -79,15 +80,15 @@ SUITE_MATRIX = {
 # it, in two rows that two test processes (-n 2) take at once (test_faults.py is about half of
 # the time); every other row the tests that its answers change, so that each test
 # runs under the answers it depends on: the fsdp default's checkpoints and resume, DDP == one
-# process at fp16 and accumulation 3, a tracking logger (mlflow), the language
-# model, and each capability's own tests with that capability alone (ruff for every row and
-# more: tests/test_render.py).
+# process at fp16 and accumulation 3, a tracking logger (mlflow) and the Kubernetes launcher (the
+# scripts' tests: the lean rows), the language model, and each capability's own tests with that
+# capability alone (ruff for every row and more: tests/test_render.py).
 SUITE_SELECTION = {
     "lean-bf16-accum1-all-launchers-wandb-faults": ["tests/test_faults.py"],
     "lean-bf16-accum1-all-launchers-wandb-all-but-faults": ["--ignore=tests/test_faults.py"],
     "all-features-fsdp-fp16-accum2-local": ["tests/test_checkpoint.py", "tests/test_resume.py"],
     "fp16-accum3-tensorboard-no-launchers": ["tests/test_config.py", "tests/test_distributed.py"],
-    "fp32-accum2-slurm-only-mlflow": ["tests/test_tracking.py"],  # scripts: the lean rows
+    "fp32-accum2-slurm-kubernetes-mlflow": ["tests/test_tracking.py", "tests/test_kubernetes.py"],
     "lm-bf16-accum2-local-tools-profiler": [
         "tests/test_lm.py", "tests/test_hf.py", "tests/test_distributed.py", "tests/test_tools.py",
     ],

@@ -28,8 +28,8 @@ COMBINATIONS = {
         logger="tensorboard", include_ci=False, grad_accum_steps=3,
     ),
     "fp32-bsd-313-cluster-wandb": dict(
-        precision="fp32", license="BSD-3-Clause", python_version="3.13", launchers=["multinode", "slurm"],
-        logger="wandb",
+        precision="fp32", license="BSD-3-Clause", python_version="3.13",
+        launchers=["multinode", "slurm", "kubernetes"], logger="wandb",
     ),
     "proprietary-slurm-only-mlflow": dict(
         license="Proprietary", launchers=["slurm"], package_name="custom_pkg", logger="mlflow",
@@ -39,8 +39,9 @@ COMBINATIONS = {
         task="lm", precision="fp16", launchers=["local"], logger="tensorboard", grad_accum_steps=3,
     ),
     "lm-fp32-cluster": dict(
-        task="lm", precision="fp32", launchers=["multinode", "slurm"], grad_accum_steps=2,
+        task="lm", precision="fp32", launchers=["multinode", "slurm", "kubernetes"], grad_accum_steps=2,
     ),
+    "kubernetes-only": dict(launchers=["kubernetes"], package_name="kpkg", python_version="3.12"),
     "lm-bf16-no-launchers-no-ci": dict(task="lm", launchers=[], include_ci=False, package_name="gpt_pkg"),
     "fsdp-fp16-accum2": dict(
         features=["fsdp"], strategy="fsdp", precision="fp16", grad_accum_steps=2, launchers=["local"],
@@ -143,10 +144,10 @@ def test_a_project_holds_nothing_of_the_other_task(project: Path) -> None:
 
 def test_a_capability_is_whole_when_chosen_and_absent_when_not(project: Path) -> None:
     answers = answers_of(project)
-    texts = {
+    texts = {  # not Kubeflow's CRD in k8s/crd/, vendored: its fields (seccompProfile) are not ours
         path: path.read_text(encoding="utf-8")
         for path in project.rglob("*")
-        if path.is_file() and ".git" not in path.parts and path.suffix != ".txt"
+        if path.is_file() and not {".git", "crd"} & set(path.parts) and path.suffix != ".txt"
     }
     for feature, (files, words) in FEATURES.items():
         chosen = feature in answers["features"]
@@ -233,6 +234,46 @@ def test_generated_ci_runs_only_what_can_succeed(project: Path) -> None:
     if ci.is_file():
         text = ci.read_text()
         assert "pip install ddp-new" not in text and "continue-on-error" not in text
+
+
+KUBERNETES = (
+    ["Dockerfile", ".dockerignore", "k8s/trainjob.yaml", "k8s/pvc.yaml", "k8s/crd/refresh.py",
+     "k8s/crd/trainer.kubeflow.org_trainjobs.yaml", "k8s/crd/LICENSE", "docs/kubernetes.md",
+     "tests/test_kubernetes.py"],
+    re.compile(r"kubeflow|kubectl|trainjob|docker|\bk8s\b|jsonschema", re.IGNORECASE),  # not "Kubernetes":
+    # preemption.py names it among the senders of SIGTERM
+)  # fmt: skip
+
+
+def test_the_kubernetes_launcher_is_whole_when_chosen_and_absent_when_not(project: Path) -> None:
+    launchers = answers_of(project)["launchers"]
+    files, words = KUBERNETES
+    for name in files:
+        assert (project / name).is_file() == ("kubernetes" in launchers), name
+    # The launch scripts, their folder and their tests only with a script launcher.
+    scripts = [name for name in launchers if name != "kubernetes"]
+    assert (project / "scripts").exists() == bool(scripts)
+    assert (project / "tests" / "test_launch_scripts.py").exists() == bool(scripts)
+    if "kubernetes" not in launchers:
+        for path in project.rglob("*"):
+            if path.is_file() and not {".git", "__pycache__"} & set(path.parts):
+                found = words.search(path.read_text(encoding="utf-8"))
+                assert found is None, f"{path}: {found.group()}"
+
+
+def test_the_trainjob_name_is_a_dns_label_that_leaves_room_for_pod_names(
+    template_dir: Path, tmp_path: Path
+) -> None:
+    import yaml
+
+    # A project name with capitals, '.', '_' and 60 characters: no DNS label.
+    project = render(template_dir, tmp_path / f"My.Trainer_Project-{'x' * 40}1", launchers=["kubernetes"])
+    job = yaml.safe_load((project / "k8s" / "trainjob.yaml").read_text())
+    name = job["metadata"]["name"]
+    assert name == "my-trainer-project-xxxxxxxxxxxxxxxxxxxxx"
+    claim = yaml.safe_load((project / "k8s" / "pvc.yaml").read_text())["metadata"]["name"]
+    assert claim == f"{name}-shared"
+    assert f"registry.example.com/{name}:0.1.0 ." in (project / "Dockerfile").read_text()
 
 
 def installed_modules(requirements: list[str]) -> set[str]:

@@ -176,6 +176,28 @@ def test_update_with_changed_answer_adds_its_files(template_repo: Path, tmp_path
     assert yaml.safe_load((project / ".copier-answers.yml").read_text())["launchers"] == ["local", "slurm"]
 
 
+KUBERNETES_FILES = [
+    "Dockerfile", ".dockerignore", "k8s/trainjob.yaml", "k8s/pvc.yaml", "k8s/crd/refresh.py",
+    "k8s/crd/trainer.kubeflow.org_trainjobs.yaml", "k8s/crd/LICENSE", "docs/kubernetes.md",
+    "tests/test_kubernetes.py",
+]  # fmt: skip
+
+
+def test_update_adds_the_kubernetes_launcher(template_repo: Path, tmp_path: Path) -> None:
+    sh([*DDP_NEW, "demo", "-y", "--git", "--template", template_repo, "--data", "launchers=local"], tmp_path)
+    project = tmp_path / "demo"
+    assert not [name for name in KUBERNETES_FILES if (project / name).exists()]
+    proc = sh([*DDP_NEW, "update", project, "--data", "launchers=local,kubernetes"], tmp_path)
+    for name in KUBERNETES_FILES:
+        assert (project / name).is_file(), name
+        assert f"added    {name}" in proc.stdout, proc.stdout
+    assert (project / "scripts" / "train_local.sh").is_file()
+    assert '"jsonschema>=' in (project / "pyproject.toml").read_text()  # what test_kubernetes.py needs
+    assert "kubectl create -f k8s/trainjob.yaml" in (project / "README.md").read_text()
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    assert answers["launchers"] == ["local", "kubernetes"]
+
+
 def test_update_rejects_bad_answer(project: Path) -> None:
     proc = sh([*DDP_NEW, "update", project, "--data", "precision=fp8"], project.parent, check=False)
     assert proc.returncode == 2
