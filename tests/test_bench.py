@@ -125,3 +125,19 @@ def test_ckpt_bench_reports_the_stall_of_every_save_under_every_load(tmp_path: P
             assert s["steps_counted"] >= 2, (load, s)  # the save's step and the tail
         assert run["analysis"]["quiet_steps"] >= 1 and run["summary"]["step_s"] > 0
     assert [t["target"].split(":")[0] for t in result["targets"]] == ["idle", "busy"]
+
+
+@pytest.mark.slow
+def test_data_rss_bench_reports_every_rank_of_both_runs(tmp_path: Path) -> None:
+    """python -m bench.data_rss on a small CSV: the peak memory of each rank, converting and cached."""
+    out = tmp_path / "rss.json"
+    cmd = [sys.executable, "-m", "bench.data_rss", "--size-mb", "2", "--steps", "2", "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert [run["run"] for run in result["runs"]] == ["converts", "cached"]
+    for run in result["runs"]:
+        assert sorted(run["ranks"]) == ["0", "1"], run
+        assert all(peak["VmHWM"] > 0 and peak["RssAnon"] > 0 for peak in run["ranks"].values())
+    assert result["file_bytes"] >= 2 << 20 and result["cache_bytes"] > 0
