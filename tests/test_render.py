@@ -108,7 +108,7 @@ def project(request: pytest.FixtureRequest, template_dir: Path, tmp_path_factory
 def test_expected_files(project: Path) -> None:
     answers = answers_of(project)
     package = project / "src" / answers["package_name"]
-    modules = ("config", "dist", "data", "model", "checkpoint", "state", "step", "train", "strategy")
+    modules = ("config", "dist", "data", "model", "checkpoint", "state", "step", "train", "parallel", "task")
     for name in (f"{module}.py" for module in modules):
         assert (package / name).is_file(), name
     for name in ("README.md", "pyproject.toml", ".copier-answers.yml", "tests"):
