@@ -76,6 +76,18 @@ def apply_update(
         optimizer.step()
 
 
+def note_host_reads(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> None:
+    """Say once (rank 0) when apply_update must sync with the device every step: an optimizer
+    that takes no found_inf tensor, without fp16's scaler (which skips updates itself)."""
+    if scaler.is_enabled() or getattr(optimizer, "_step_supports_amp_scaling", False):
+        return
+    dist.print0(
+        f"note: {type(optimizer).__name__} cannot skip a non-finite update on the device (it takes"
+        " no found_inf, as fused Adam, AdamW and SGD do), so every step waits for the gradient"
+        " norm on the host: a sync per step. Pass fused=True where the optimizer has it."
+    )
+
+
 def first_non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
     """The name of the first tensor with a NaN or an infinity in it, if any: weights to start
     from are checked, or the first step's non-finite loss would be blamed on --lr. Shapes

@@ -28,14 +28,24 @@ def option(
     choices: tuple[str, ...] = (),
     within: tuple[int, int, str] | None = None,
     run_only: bool = False,
+    before: Any = None,
 ) -> Any:
     """A field and its flag. check: POSITIVE or NON_NEGATIVE; within: (low, high, why).
 
     run_only: changes where and how often things are written, not what is computed, so a
     resume may change it (resume.py); every other setting must match the checkpoint's.
+    before: the value that checkpoints written before this setting existed were trained with,
+    if not its default (None: the default). A new setting needs nothing else to resume them.
     """
     metadata = {"help": help, "check": check, "choices": choices, "within": within}
-    return field(default=default, metadata={**metadata, "run_only": run_only})
+    before = default if before is None else before
+    return field(default=default, metadata={**metadata, "run_only": run_only, "before": before})
+
+
+def values_before(config: type) -> dict[str, Any]:
+    """What each setting of `config` was before it existed (option's `before`): what a
+    checkpoint that lacks it was trained with."""
+    return {f.name: f.metadata["before"] for f in fields(config)}
 
 
 def flag(name: str) -> str:

@@ -1,7 +1,8 @@
 """What training changes, and so what an exact resume restores: TrainState.
 
-A new piece of state (an EMA of the weights, a second optimizer) is a field of TrainState and
-one line in each of state_dict() and load_state_dict(): checkpoints and resume follow.
+A new piece of state (an EMA of the weights, a second optimizer) is a field of TrainState, one
+line in each of state_dict() and load_state_dict(), and its name in KEYS: checkpoints and resume
+follow, and a checkpoint from before it is refused with one line (resume.py).
 """
 
 import random
@@ -47,6 +48,11 @@ class TrainState:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
     progress: Progress = field(default_factory=Progress)
+
+    # The entries of every checkpoint: resume.py refuses a file that lacks one before the process
+    # group exists. A new entry of state_dict() goes here too (tests/test_checkpoint.py checks).
+    KEYS = ("model", "optimizer", "scheduler", "scaler", "step", "epoch", "position", "rng")
+    KEYS += ("world_size",)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain types and tensors, every rank's RNG state included. A collective."""
