@@ -32,6 +32,7 @@ class ResumableSampler(DistributedSampler):
     k of an epoch reads positions [k G, (k+1) G) whatever W and the split of G into --batch-size
     and --grad-accum-steps: such runs compute the same updates, and resume exactly on another
     world size. `start`: the positions (summed over ranks) to skip when resuming mid-epoch.
+    A dataset with a `set_epoch(epoch)` method is told each epoch, as the sampler is.
     """
 
     def __init__(self, dataset: Dataset, env: DistEnv, seed: int, global_batch: int) -> None:
@@ -46,6 +47,8 @@ class ResumableSampler(DistributedSampler):
         """Read epoch `epoch` (a new shuffle each epoch), skipping its first `start` samples."""
         assert start % self.global_batch == 0, "resume positions are whole global batches"
         self.set_epoch(epoch)
+        if hasattr(self.dataset, "set_epoch"):  # a dataset that augments (keyed.generator)
+            self.dataset.set_epoch(epoch)
         self.start = start
 
     def __iter__(self) -> Iterator[int]:
@@ -86,9 +89,11 @@ def _loader(dataset: Dataset, cfg: TrainConfig, device: torch.device, **kwargs: 
         num_workers=cfg.num_workers,
         pin_memory=device.type == "cuda",  # page-locked memory: async host-to-GPU copies
         # Workers start once and serve every epoch and evaluation (anew, they cost more than an
-        # evaluation). The loader's own RNG: without it, iter(loader) draws its workers' seed
-        # from the global RNG, which dropout uses too, and a resumed run would draw other masks.
-        persistent_workers=cfg.num_workers > 0,
+        # evaluation); but a worker's copy of the dataset is made when it starts, so with a
+        # dataset that must learn each epoch (set_epoch) they start anew every epoch. The
+        # loader's own RNG: without it, iter(loader) draws its workers' seed from the global
+        # RNG, which dropout uses too, and a resumed run would draw other masks.
+        persistent_workers=cfg.num_workers > 0 and not hasattr(dataset, "set_epoch"),
         generator=torch.Generator().manual_seed(cfg.seed),
         **kwargs,
     )

@@ -1,0 +1,101 @@
+"""Random draws that are the same whatever the world size, the micro-batch, a worker or a resume.
+
+torch's dropout draws its masks from the generator of the process that runs it, in the order the
+elements come: a sample's mask would depend on the rank and micro-batch that hold it, so 2 ranks
+would not compute what one process computes on the same global batch. Here a draw is a hash of
+what it is for. Dropout drops an element where the hash of (--seed, the step, the sample's place
+in the global batch, the dropout module, the element) is small: train.py turns every nn.Dropout
+of the model into a KeyedDropout (convert_dropout), and step.py runs each micro-batch inside
+batch(), which hands them their samples' keys. Data augmentation draws from generator(seed,
+epoch, index). Draws made elsewhere (F.dropout, torch.rand in a forward) are not keyed.
+
+The hash is integer arithmetic on the tensor's device, in int64: every operand stays below 2^31
+(masked after each multiply), so no product overflows, and a CPU and a GPU compute the same bits.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+MASK = 0x7FFFFFFF  # 31 bits
+
+
+def mix(key: Tensor | int, x: Tensor | int) -> Tensor | int:
+    """A 31-bit hash of two numbers in [0, 2^31): Python ints, int64 tensors, or both.
+
+    Multiplying by an odd constant (mod 2^31) and xor-ing the high bits into the low ones
+    (murmur3's finalizer, cut to 31 bits) spread a change of any input bit over all bits. The
+    key enters both rounds: the hashes of x under two keys are unrelated sequences.
+    """
+    h = x
+    for _ in range(2):
+        h = (h ^ key) * 0x2C1B3C6D & MASK
+        h = (h ^ (h >> 15)) * 0x297A2D39 & MASK
+        h = h ^ (h >> 15)
+    return h
+
+
+def sample_keys(seed: int, step: int, places: Tensor) -> Tensor:
+    """The keys of the samples at `places` of the global batch of optimizer step `step`."""
+    return mix(mix(seed & MASK, step & MASK), places)
+
+
+def generator(seed: int, epoch: int, index: int) -> torch.Generator:
+    """A generator for augmenting sample `index` of a dataset in epoch `epoch` (README)."""
+    return torch.Generator().manual_seed(mix(mix(seed & MASK, epoch & MASK), index & MASK))
+
+
+class KeyedDropout(nn.Module):
+    """nn.Dropout(p) with keyed masks; `site` tells a model's dropouts apart.
+
+    An element is dropped where the hash of (its sample's key, site, its index in the sample) is
+    below p 2^31; the kept ones are scaled by 1 / (1 - p). Dim 0 of the input is the batch, and a
+    sample has fewer than 2^31 elements. Outside batch() it is torch's dropout, not keyed.
+    """
+
+    def __init__(self, p: float, site: int) -> None:
+        super().__init__()
+        self.p, self.site = p, site
+        self.keys: Tensor | None = None  # the micro-batch's sample keys, set by batch()
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0:
+            return x
+        if self.keys is None:
+            return F.dropout(x, self.p)
+        if len(x) != len(self.keys):
+            raise ValueError(f"KeyedDropout: dim 0 of a {tuple(x.shape)} input is not the batch")
+        rows = mix(self.keys, self.site).view(-1, *[1] * (x.dim() - 1))
+        places = torch.arange(x[0].numel(), device=x.device).view(x.shape[1:])
+        keep = mix(rows, places) >= int(self.p * (MASK + 1))
+        return torch.where(keep, x / (1 - self.p), 0)
+
+
+def convert_dropout(model: nn.Module) -> nn.Module:
+    """Replace every nn.Dropout(p > 0) in `model` by a KeyedDropout, their sites numbered in
+    the model's order (as nn.SyncBatchNorm.convert_sync_batchnorm does for BatchNorm)."""
+    plain = [name for name, m in model.named_modules() if type(m) is nn.Dropout and m.p > 0]
+    for site, name in enumerate(plain):
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, KeyedDropout(model.get_submodule(name).p, site))
+    return model
+
+
+@contextmanager
+def batch(model: nn.Module, seed: int, step: int, places: range, device: torch.device) -> Iterator:
+    """Run `model`'s KeyedDropouts on one micro-batch, whose samples are at `places` of the
+    global batch of optimizer step `step`. A model without one computes nothing here."""
+    dropouts = [m for m in model.modules() if isinstance(m, KeyedDropout)]
+    if dropouts:
+        where = torch.arange(places.start, places.stop, places.step, device=device)
+        keys = sample_keys(seed, step, where)
+    for module in dropouts:
+        module.keys = keys
+    try:
+        yield
+    finally:
+        for module in dropouts:
+            module.keys = None
