@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import dist
-from .options import ConfigError
+from .config import ConfigError, checkpoint_dir
 
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 120.0
@@ -217,7 +217,7 @@ def check_free(out_dir: str) -> None:
 
 def output_snapshot(out_dir: str) -> tuple[list[str], int]:
     """What runs leave in OUT_DIR: checkpoint names and the size of metrics.jsonl (-1: none)."""
-    names = sorted(p.name for p in (Path(out_dir) / "checkpoints").glob("step_*.pt"))
+    names = sorted(p.name for p in checkpoint_dir(out_dir).glob("step_*.pt"))
     metrics = Path(out_dir) / "metrics.jsonl"
     return names, metrics.stat().st_size if metrics.exists() else -1
 
