@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, default_collate
 
-from .config import TrainConfig
+from .config import TrainConfig, global_batch
 from .dist import DistEnv
 from .state import Progress
 
@@ -62,8 +62,8 @@ def build_train_loader(
     dataset: Dataset, cfg: TrainConfig, env: DistEnv, device: torch.device
 ) -> tuple[DataLoader, ResumableSampler]:
     """Per-rank loader of micro-batches of --batch-size samples, whole global batches per epoch."""
-    global_batch = cfg.batch_size * cfg.grad_accum_steps * env.world_size
-    sampler = ResumableSampler(dataset, env, seed=cfg.seed, global_batch=global_batch)
+    size = global_batch(cfg, env.world_size)
+    sampler = ResumableSampler(dataset, env, seed=cfg.seed, global_batch=size)
     return _loader(dataset, cfg, device, sampler=sampler), sampler
 
 
