@@ -1,16 +1,14 @@
 """Random draws that are the same whatever the world size, the micro-batch, a worker or a resume.
 
-torch's dropout draws its masks from the generator of the process that runs it, in the order the
-elements come: a sample's mask would depend on the rank and micro-batch that hold it, so 2 ranks
-would not compute what one process computes on the same global batch. Here a draw is a hash of
-what it is for. Dropout drops an element where the hash of (--seed, the step, the sample's place
-in the global batch, the dropout module, the element) is small: train.py turns every nn.Dropout
-of the model into a KeyedDropout (convert_dropout), and step.py runs each micro-batch inside
-batch(), which hands them their samples' keys. Data augmentation draws from generator(seed,
-epoch, index). Draws made elsewhere (F.dropout, torch.rand in a forward) are not keyed.
+torch's dropout draws its masks from the generator of the process that runs it, so a sample's
+mask depends on the rank and micro-batch that hold it, and 2 ranks would not compute what one
+process computes. Here a draw is a hash of what it is for: a dropout mask, of (--seed, the step,
+the sample's place in the global batch, the module, the element); augmentation, of (--seed, the
+epoch, the sample's index). train.py turns every nn.Dropout into a KeyedDropout, and step.py runs
+each micro-batch inside batch(). F.dropout or torch.rand in a forward are not keyed.
 
-The hash is integer arithmetic on the tensor's device, in int64: every operand stays below 2^31
-(masked after each multiply), so no product overflows, and a CPU and a GPU compute the same bits.
+The hash is int64 arithmetic on the tensor's device: every operand stays below 2^31 (masked after
+each multiply), so no product overflows, and a CPU and a GPU compute the same bits.
 """
 
 from collections.abc import Iterator
