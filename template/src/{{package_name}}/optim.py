@@ -21,12 +21,8 @@ def build_optimizer(
     # fused: one kernel for the whole update (CUDA and CPU), a few percent faster per step; it
     # takes a found_inf tensor, so a non-finite update is skipped without asking the host.
     fused = device.type in ("cuda", "cpu")
-{%- if task == 'lm' %}
     betas = (cfg.beta1, cfg.beta2)
     optimizer = torch.optim.AdamW(groups, lr=peak_lr(cfg, world_size), betas=betas, fused=fused)
-{%- else %}
-    optimizer = torch.optim.AdamW(groups, lr=peak_lr(cfg, world_size), fused=fused)
-{%- endif %}
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
     return optimizer, scheduler
 
@@ -44,17 +40,12 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
     """Learning rate of optimizer step `step` (0-based) as a fraction of the peak."""
     if step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
-{%- if task == 'lm' %}
     # The cosine ends at --lr-decay-steps (or --max-steps) and stays at its floor after it. The
     # floor is --min-lr in units of --lr (so --scale-lr scales it too), or --min-lr-ratio.
     end = cfg.lr_decay_steps or cfg.max_steps
     floor = cfg.min_lr / cfg.lr if cfg.min_lr else cfg.min_lr_ratio
     done = min(1.0, (step - cfg.warmup_steps) / max(1, end - cfg.warmup_steps))
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * done))
-{%- else %}
-    done = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * done))
-{%- endif %}
 
 
 def reschedule(
@@ -62,15 +53,9 @@ def reschedule(
     scheduler: torch.optim.lr_scheduler.LambdaLR,
     cfg: TrainConfig,
 ) -> None:
-{%- if task == 'lm' %}
     """After a resume: the next step's LR from this run's schedule, not the checkpoint's. With
     another --max-steps the cosine decay is stretched to end there (the warmup stays), unless
     --lr-decay-steps fixes its end; with the same one, the saved value bit for bit."""
-{%- else %}
-    """After a resume: the next step's LR from this run's schedule, not the checkpoint's. With
-    another --max-steps the cosine decay is stretched to end there (the warmup stays); with
-    the same one, the saved value bit for bit."""
-{%- endif %}
     for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs, strict=True):
         group["lr"] = base_lr * lr_factor(scheduler.last_epoch, cfg)
 
@@ -79,10 +64,8 @@ def schedule_note(cfg: TrainConfig, saved_max_steps: int, step: int, world_size:
     """One line on resuming with another --max-steps: what the LR does now; '' otherwise."""
     if saved_max_steps == cfg.max_steps or step >= cfg.max_steps:
         return ""
-{%- if task == 'lm' %}
     if cfg.lr_decay_steps:  # the schedule ends there, whatever --max-steps says
         return ""
-{%- endif %}
     peak, old = peak_lr(cfg, world_size), replace(cfg, max_steps=saved_max_steps)
     return (
         f"--max-steps {cfg.max_steps} (the checkpoint's run: {saved_max_steps}): the LR schedule"
