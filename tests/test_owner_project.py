@@ -39,8 +39,8 @@ def build_model(cfg: TrainConfig) -> nn.Module:
     )
 '''
 # A setting of the owner's (a str), beside the task's others.
-SETTING = '''    norm: str = option("layer", "normalisation in each block", choices=("layer", "none"))
-'''
+SETTING = """    norm: str = option("layer", "normalisation in each block", choices=("layer", "none"))
+"""
 
 
 def write_csv(path: Path, rows: int, seed: int = 0) -> None:
@@ -49,7 +49,8 @@ def write_csv(path: Path, rows: int, seed: int = 0) -> None:
     x = torch.randn(rows, 6, generator=generator)
     y = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
     lines = ["a,b,c,d,e,f,label"]
-    lines += [",".join(f"{v:.5f}" for v in row) + f",{label}" for row, label in zip(x.tolist(), y.tolist())]
+    for row, label in zip(x.tolist(), y.tolist(), strict=True):
+        lines.append(",".join(f"{v:.5f}" for v in row) + f",{label}")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
 
@@ -66,14 +67,23 @@ def make_it_the_owners(project: Path, package: str) -> None:
     (src / "model.py").write_text(MODEL)
     edit(src / "task.py", "    depth: int = option(", SETTING + "    depth: int = option(")
     # A piece of training state: a field, one line in state_dict() and load_state_dict(), KEYS.
-    edit(src / "state.py", "    progress: Progress = field(default_factory=Progress)\n",
-         "    progress: Progress = field(default_factory=Progress)\n"
-         "    history: list = field(default_factory=list)  # the owner's: restored on resume\n")
-    edit(src / "state.py", '            "world_size": len(rng),\n',
-         '            "world_size": len(rng),\n            "history": list(self.history),\n')
-    edit(src / "state.py", '        self.scaler.load_state_dict(state["scaler"])\n',
-         '        self.scaler.load_state_dict(state["scaler"])\n'
-         '        self.history = list(state["history"])\n')
+    edit(
+        src / "state.py",
+        "    progress: Progress = field(default_factory=Progress)\n",
+        "    progress: Progress = field(default_factory=Progress)\n"
+        "    history: list = field(default_factory=list)  # the owner's: restored on resume\n",
+    )
+    edit(
+        src / "state.py",
+        '            "world_size": len(rng),\n',
+        '            "world_size": len(rng),\n            "history": list(self.history),\n',
+    )
+    edit(
+        src / "state.py",
+        '        self.scaler.load_state_dict(state["scaler"])\n',
+        '        self.scaler.load_state_dict(state["scaler"])\n'
+        '        self.history = list(state["history"])\n',
+    )
     edit(src / "state.py", '    KEYS += ("world_size",)\n', '    KEYS += ("world_size", "history")\n')
     # The tests' settings: the sample instead of the synthetic data's sizes.
     tiny = project / "tests" / "tiny.toml"
@@ -83,9 +93,7 @@ def make_it_the_owners(project: Path, package: str) -> None:
     tiny.write_text("\n".join([*lines, 'data_path = "data/sample.csv"']) + "\n")
 
 
-def test_the_whole_suite_passes_on_the_owners_model_and_data(
-    template_dir: Path, tmp_path: Path
-) -> None:
+def test_the_whole_suite_passes_on_the_owners_model_and_data(template_dir: Path, tmp_path: Path) -> None:
     project = render(template_dir, tmp_path / "owned", launchers=["local"])
     make_it_the_owners(project, "owned")
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]
