@@ -65,7 +65,8 @@ TASK_ONLY = {
     "lm": (
         ["sample.py", "corpus.txt", "hf.py", "export.py", "tokenizer.py", "sources.py", "token_cache.py"],
         re.compile(r"cfg\.(n_layer|seq_len|d_model)|--(n-layer|seq-len|d-model)|GPT|perplexity|tokens_per_sec|\bmfu\b"
-                   r"|tokeniz|safetensors|hugging|keep.best|eval.batches", re.IGNORECASE),
+                   r"|tokeniz|safetensors|hugging|keep.best|eval.batches|beta[12]|lr.decay.steps"
+                   r"|min.lr(?![-_]ratio)", re.IGNORECASE),
     ),
     "classifier": (
         [],
