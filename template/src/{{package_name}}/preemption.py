@@ -17,6 +17,7 @@ from typing import Any, NoReturn, Self, TextIO
 import torch.distributed as torch_dist
 
 from . import dist
+from .loading import DataError
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
 
@@ -167,12 +168,19 @@ def collective_failed(err: BaseException) -> bool:
 
 def fail(err: BaseException, env: dist.DistEnv, timeout_s: int) -> NoReturn:
     """An exception escaped training: re-raise it with one process; with several, print it and
-    exit 1 at once."""
-    if env.world_size == 1:
+    exit 1 at once. A sample that cannot be read (DataError), or a collective that failed
+    because another rank did: one line, whose cause the other rank's own line says."""
+    if isinstance(err, DataError):
+        print(f"error: rank {env.rank}: {err}", file=sys.stderr)
+        if env.world_size == 1:
+            dist.cleanup(clean_exit=False)
+            raise SystemExit(1)
+    elif env.world_size == 1:
         dist.cleanup(clean_exit=False)
         raise err
-    sys.excepthook(type(err), err, err.__traceback__)  # torch's hook adds a [rankN] prefix
-    if collective_failed(err):
+    elif not collective_failed(err):
+        sys.excepthook(type(err), err, err.__traceback__)  # torch's hook adds a [rankN] prefix
+    else:
         print(
             f"error: rank {env.rank}: a collective failed: another rank crashed, was killed, or"
             f" stalled for longer than --dist-timeout ({timeout_s} s). Look for its own error in"
