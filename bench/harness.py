@@ -58,6 +58,7 @@ class Workload:
     n_layer: int = 4
     n_head: int = 4
     d_model: int = 128
+    dropout: float = 0.0  # --dropout of the trainer and the lm loops
     data_path: str = ""
     token_dir: str = ""
 
@@ -90,6 +91,7 @@ class Workload:
                 f"--n-layer={self.n_layer}",
                 f"--n-head={self.n_head}",
                 f"--d-model={self.d_model}",
+                f"--dropout={self.dropout}",
             ]
         return [
             f"--num-samples={self.num_samples}",
@@ -331,17 +333,22 @@ def ratios(runs: list[dict[str, Any]], a: str, b: str, ws: int, key: str = "samp
 
 
 def summarize(
-    runs: list[dict[str, Any]], contenders: list[str], world_sizes: list[int], key: str = "samples_per_sec"
+    runs: list[dict[str, Any]],
+    contenders: list[str],
+    world_sizes: list[int],
+    key: str = "samples_per_sec",
+    base: str = "reference",
 ) -> dict[str, Any]:
-    """Medians per contender and world size, and medians of per-round ratios, of `key`
-    (samples_per_sec: wall time; cpu_samples_per_sec: rank 0's CPU time, see bench.timing)."""
+    """Medians per contender and world size, and medians of per-round ratios to `base` (the
+    "reference" of the fields' names), of `key` (samples_per_sec: wall time;
+    cpu_samples_per_sec: rank 0's CPU time, see bench.timing)."""
     rounds = sorted({r["round"] for r in runs})
     table: dict[str, Any] = {}
     for ws in world_sizes:
         rows = {}
         for c in contenders:
             values = [v for v in (sps(runs, c, ws, rnd, key) for rnd in rounds) if v]
-            ref_ratios = ratios(runs, c, "reference", ws, key)
+            ref_ratios = ratios(runs, c, base, ws, key)
             rows[c] = {
                 "median_samples_per_sec": median_or_none(values),
                 "min": min(values) if values else None,
@@ -366,6 +373,7 @@ def summarize(
             return median_or_none([r[key] for r in gen_runs if key in r])
 
         table[str(ws)] = {
+            "reference": base,
             "contenders": rows,
             # Measured inside the generated runs (bench.generated.time_side_work): the reliable figures.
             "inrun_overhead_pct_log_ckpt": inrun("log_ckpt"),

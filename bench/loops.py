@@ -4,11 +4,16 @@
         --contender reference --max-steps 111 --warmup 10 --timed 100
 
 Contenders (all train the same MLP on the same synthetic data with AdamW, per-rank batch B,
-A micro-steps per optimizer step, loss / A per micro-step; nothing else: no clipping, no
-schedule, no logging, no checkpoints):
+A micro-steps per optimizer step, loss / A per micro-step; no logging, no checkpoints):
 
-- reference:  DistributedSampler + DDP + `no_sync()` on all micro-steps but the last.
-- reference-fused: the same with AdamW(fused=True) on CPU too (optional contender).
+- reference-same-work: what the generated trainer does at its defaults, written plainly (the
+              contender the bench's targets compare with): DistributedSampler + DDP +
+              `no_sync()` on all micro-steps but the last, fused AdamW (weight decay on
+              matrices only), clip_grad_norm_ at 1.0, the trainer's warmup + cosine schedule,
+              and no update when the gradient norm is not finite.
+- reference:  the same loop without clipping, schedule or non-finite check, with torch's
+              default (for-loop) AdamW on CPU.
+- reference-fused: the reference with AdamW(fused=True) on CPU too.
 - allreduce:  the same loop without no_sync: DDP all-reduces after every micro-step, the way
               most tutorials accumulate.
 - accelerate: Hugging Face Accelerate, Accelerator(gradient_accumulation_steps=A) and
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import time
 from collections.abc import Callable
@@ -44,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--contender",
         required=True,
-        choices=["reference", "reference-fused", "allreduce", "accelerate", "fabric"],
+        choices=["reference-same-work", "reference", "reference-fused", "allreduce", "accelerate", "fabric"],
     )
     p.add_argument("--num-samples", type=int, default=8192)
     p.add_argument("--input-dim", type=int, default=256)
@@ -67,6 +73,11 @@ def add_loop_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The flags every hand-written loop takes (this one's and bench/lm_loop.py's)."""
     p.add_argument("--grad-accum-steps", type=int, default=4)
     p.add_argument("--lr", type=float, default=1e-3)
+    # reference-same-work only: the generated trainer's defaults.
+    p.add_argument("--weight-decay", type=float, default=0.01, help="on matrices only")
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--warmup-steps", type=int, default=20, help="of the LR schedule")
+    p.add_argument("--min-lr-ratio", type=float, default=0.1)
     p.add_argument("--max-steps", type=int, default=111, help="optimizer steps")
     p.add_argument("--warmup", type=int, default=10, help="optimizer steps before the window")
     p.add_argument("--timed", type=int, default=100, help="optimizer steps in the window")
@@ -132,10 +143,35 @@ def build_mlp(args: argparse.Namespace, device: torch.device) -> tuple[Dataset, 
     return make_dataset(args.num_samples, args.input_dim, args.num_classes, args.seed), make_mlp(args)
 
 
+def same_work_optimizer(
+    model: nn.Module, args: argparse.Namespace
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """The generated trainer's optimizer and schedule at its defaults: fused AdamW, weight decay
+    on matrices only; the LR rises linearly over --warmup-steps, then follows a cosine down to
+    --min-lr-ratio of the peak at --max-steps."""
+    matrices = [p for p in model.parameters() if p.dim() >= 2]
+    others = [p for p in model.parameters() if p.dim() < 2]
+    groups = [
+        {"params": matrices, "weight_decay": args.weight_decay},
+        {"params": others, "weight_decay": 0.0},
+    ]
+    optimizer = torch.optim.AdamW(groups, lr=args.lr, fused=True)
+
+    def factor(step: int) -> float:
+        if step < args.warmup_steps:
+            return (step + 1) / args.warmup_steps
+        done = min(1.0, (step - args.warmup_steps) / max(1, args.max_steps - args.warmup_steps))
+        return args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * done))
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
 def run_ddp(args: argparse.Namespace, build: Build, fused: bool) -> None:
     """The reference loop, and for the allreduce contender the same without no_sync (an
-    all-reduce after every micro-step), on what `build` makes; fused: AdamW(fused=True)."""
+    all-reduce after every micro-step), on what `build` makes; fused: AdamW(fused=True).
+    reference-same-work adds what the generated trainer does at its defaults (see the top)."""
     use_no_sync = args.contender != "allreduce"
+    same_work = args.contender == "reference-same-work"
     device = torch.device(args.device)
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -156,7 +192,10 @@ def run_ddp(args: argparse.Namespace, build: Build, fused: bool) -> None:
     ddp = nn.parallel.DistributedDataParallel(
         model.to(device), device_ids=[device.index] if device.type == "cuda" else None
     )
-    optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=0.01, fused=fused)
+    if same_work:
+        optimizer, scheduler = same_work_optimizer(model, args)
+    else:
+        optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=0.01, fused=fused)
     amp = torch.autocast(device.type, dtype=DTYPES[args.precision], enabled=args.precision != "fp32")
     scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")
     clock = StepClock(args.warmup, args.timed)
@@ -173,8 +212,18 @@ def run_ddp(args: argparse.Namespace, build: Build, fused: bool) -> None:
                     # (B, classes) stays as it is; the GPT's (B, T, vocab) becomes (B * T, vocab).
                     loss = F.cross_entropy(ddp(inputs).flatten(0, -2), targets.flatten())
                 scaler.scale(loss / accum).backward()
-        scaler.step(optimizer)
-        scaler.update()
+        if same_work:
+            scaler.unscale_(optimizer)  # fp16: clip the true gradients
+            grad_norm = nn.utils.clip_grad_norm_(ddp.parameters(), args.grad_clip)
+            # Every rank holds the same gradients, so all skip a non-finite update together.
+            # (A host read: free on a CPU; on a GPU the trainer skips it on the device instead.)
+            if scaler.is_enabled() or grad_norm.isfinite():
+                scaler.step(optimizer)
+            scaler.update()
+            scheduler.step()
+        else:
+            scaler.step(optimizer)
+            scaler.update()
         optimizer.zero_grad(set_to_none=True)
     finish(args, clock, world, loss)
 
@@ -250,9 +299,10 @@ def run_fabric(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(build_parser(), argv)
-    if args.contender in ("reference", "reference-fused", "allreduce"):
+    if args.contender in ("reference-same-work", "reference", "reference-fused", "allreduce"):
         # Fused AdamW: the fastest on GPUs; on CPU only for reference-fused (torch's default
-        # there is the for-loop implementation, which Accelerate and Fabric get too).
+        # there is the for-loop implementation, which Accelerate and Fabric get too), and for
+        # reference-same-work, which builds the generated trainer's optimizer (fused everywhere).
         fused = torch.device(args.device).type == "cuda" or args.contender == "reference-fused"
         run_ddp(args, build_mlp, fused)
     elif args.contender == "accelerate":
