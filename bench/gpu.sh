@@ -29,4 +29,30 @@ bash tests/gpu/deps.sh "$PYTHON"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "$PYTHON" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, torch.cuda.get_device_name())'
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the checkout, without installing it
-exec "$PYTHON" -m bench.gpu --device cuda "$@"
+"$PYTHON" -m bench.gpu --device cuda "$@"
+
+# The image task (python -m bench.image): the generated trainer vs a hand-written torchvision DDP
+# loop and pytorch/examples' imagenet loop, resnet18 at 224 px, batch 128, 8 loader workers, W=1,
+# on 2048 generated JPEGs of 300-500 px; bf16 and fp32, channels_last on and off: images/s, and
+# where the step goes (data wait, forward+backward, the rest). The first run also measures the
+# loader alone (images/s per worker at 1, 2, 4 and 8 workers) and the trainer's data_wait_frac.
+# About 10 minutes. SKIP_IMAGE=1 skips it; IMAGE_FLAGS adds flags (python -m bench.image --help).
+if [ "${SKIP_IMAGE:-0}" = 1 ]; then
+    exit 0
+fi
+if ! "$PYTHON" -c 'import torchvision' 2>/dev/null; then
+    echo "bench/gpu.sh: torchvision does not import in $PYTHON; skipping the image workload" >&2
+    exit 0
+fi
+loader=(--loader-workers "1,2,4,8")
+for precision in bf16 fp32; do
+    for layout in --channels-last --no-channels-last; do
+        echo "== image workload: --precision $precision $layout"
+        # shellcheck disable=SC2086  # IMAGE_FLAGS: several flags
+        "$PYTHON" -m bench.image --device cuda --precision "$precision" "$layout" --world-sizes 1 \
+            --model resnet18 --image-size 224 --batch-size 128 --num-workers 8 --prefetch 2 \
+            --min-px 300 --max-px 500 --train-per-class 256 --repeats 2 --warmup 5 --timed 30 \
+            "${loader[@]}" ${IMAGE_FLAGS:-}
+        loader=(--no-loader)
+    done
+done

@@ -117,7 +117,8 @@ def contender_command(c: str, ws: int, a: argparse.Namespace, data: Path, out: P
         "--eval-every=0", "--ckpt-every=0", "--ckpt-every-minutes=0", "--grad-accum-steps=1",
         "--channels-last" if a.channels_last else "--no-channels-last", *extra,
     ]  # fmt: skip
-    return torchrun(ws, "bench.image_loops", [*mine, f"--out-dir={out}", "--", *trainer])
+    mine += [f"--batch-size={a.batch_size}", f"--out-dir={out}"]  # the global batch of the clock
+    return torchrun(ws, "bench.image_loops", [*mine, "--", *trainer])
 
 
 def run_rounds(
@@ -155,6 +156,7 @@ def summarize(runs: list[dict], formats: list[str], world_sizes: list[int]) -> d
             rows = {}
             for c in CONTENDERS:
                 values = [v for v in (sps(of, c, ws, rnd) for rnd in rounds) if v]
+                cpu = [v for v in (sps(of, c, ws, rnd, "cpu_samples_per_sec") for rnd in rounds) if v]
                 done = [r for r in of if (r["contender"], r["world_size"]) == (c, ws) and "error" not in r]
                 split = {}
                 for key in ("data_s", "compute_s", "other_s"):
@@ -164,6 +166,11 @@ def summarize(runs: list[dict], formats: list[str], world_sizes: list[int]) -> d
                     "median_images_per_sec": median_or_none(values),
                     "images_per_sec": values,
                     "median_ratio_to_reference": median_or_none(ratios(of, c, BASE, ws)),
+                    # Per rank-0 CPU second: steadier when other processes share the cores.
+                    "median_cpu_images_per_sec": median_or_none(cpu),
+                    "median_cpu_ratio_to_reference": median_or_none(
+                        ratios(of, c, BASE, ws, "cpu_samples_per_sec")
+                    ),
                     "ratios_to_reference": ratios(of, c, BASE, ws),
                     **split,
                     "foreign_cpu_median": median_or_none(

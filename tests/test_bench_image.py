@@ -1,0 +1,42 @@
+"""Smoke test of the image workload (`python -m bench.image --quick`): every contender runs on the
+generated folder and reports a positive images/s. No speed assertions: figures belong to the bench."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_bench_image_quick_reports_every_contender(tmp_path: Path) -> None:
+    pytest.importorskip("torchvision")
+    out = tmp_path / "image.json"
+    cmd = [sys.executable, "-m", "bench.image", "--quick", "--world-sizes", "1", "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert str(out) in done.stdout  # the results path is printed
+
+    result = json.loads(out.read_text())
+    assert result["contenders"] == ["reference-same-work", "examples-imagenet", "generated"]
+    rows = result["summary"]["jpeg W=1"]
+    for contender in result["contenders"]:
+        rate = rows[contender]["median_images_per_sec"]
+        assert rate is not None and math.isfinite(rate) and rate > 0, (contender, rate)
+        shares = [rows[contender][k] for k in ("data_share", "compute_share", "other_share")]
+        assert all(s is not None for s in shares) and math.isclose(sum(shares), 1.0), (contender, shares)
+    runs = result["runs"]
+    assert all(r["optimizer_steps_seen"] == r["warmup_steps"] + r["timed_steps"] + 1 for r in runs)
+    assert all(r["global_batch"] == 16 for r in runs)
+    loader = {(r["pipeline"], r["workers"]) for r in result["loader"]}
+    assert ("trainer (images.py)", 1) in loader and ("torchvision ImageFolder", 2) in loader
+    assert all(r["per_worker"] > 0 for r in result["loader"])
