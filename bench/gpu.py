@@ -19,6 +19,12 @@ seq_len x (6 N + 12 n_layer d_model seq_len), the generated model's own count; p
 the rate of a bf16 8192^3 matmul measured in the same run (the chip's practical ceiling) and, for
 the GPT, as MFU: a share of the data sheet's dense bf16 peak (989 TFLOP/s on H100/H200 SXM).
 
+With the gpt2 workload it also measures what the trainer's attention costs with --dropout
+(keyed masks: the weights' dropout written out, a (B, H, T, T) tensor per step of it) against
+F.scaled_dot_product_attention(dropout_p=...) (torch's masks, a fused kernel): the peak memory
+of one micro-batch's forward + backward at the workload's shape, the bytes autograd keeps for
+the backward, and the time (`attention_memory`; on CPU only the saved bytes mean something).
+
 Contenders: reference (bench/loops.py, fused AdamW), generated (defaults: metrics every 10 steps,
 evaluation and a checkpoint every 100, so the window holds one of each), generated-quiet (none of
 them in the window), generated-compile (defaults plus --compile, when the trainer has it),
@@ -28,10 +34,13 @@ accelerate and fabric (when installed).
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
 import shutil
 import subprocess
 import sys
 import tempfile
+from contextlib import nullcontext
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -95,6 +104,13 @@ def trainer_has_compile(env: dict[str, str]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--attention-memory-worker"]:  # one attention_memory run, in its own process
+        config = json.loads(argv[1])
+        attention, device, precision = config.pop("attention"), config.pop("device"), config.pop("precision")
+        w = Workload(**config)
+        print(json.dumps(attention_memory(PACKAGE, w, device, precision, attention)))
+        return 0
     p = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp32"])
@@ -136,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                 for name, w in workloads.items():
                     if w.task == "lm":
                         workloads[name] = replace(w, **data)
+        lm = next((w for w in workloads.values() if w.task == "lm"), None)
+        memory = attention_memory_runs(lm, envs["lm"], args.device, args.precision) if lm else None
         peak = matmul_tflops(args.device)
         if peak:
             print(f"bf16 8192^3 matmul: {peak:.0f} TFLOP/s (this run's ceiling)", flush=True)
@@ -157,11 +175,112 @@ def main(argv: list[str] | None = None) -> int:
         "datasheet_peak_tflops": datasheet,
         "threads_per_process": threads,
         "workloads": results,
+        "attention_memory": memory,
     }
     path = save_results("gpu", result, args.json)
     print(f"\nresults: {path}")
     failed = [r for w in results.values() for r in w["runs"] if "error" in r]
     return 1 if failed else 0
+
+
+DROPOUT = 0.1  # GPT-2's
+
+
+def attention_memory(
+    package: str, w: Workload, device: str, precision: str, attention: str
+) -> dict[str, Any]:
+    """One micro-batch's forward + backward of the project's GPT at workload w's shape with
+    --dropout 0.1, its dropouts keyed as in training; attention "written-out" (the project's),
+    "sdpa" (F.scaled_dot_product_attention with dropout_p, torch's masks, as bench/lm_loop.py's
+    reference-same-work) or "no-dropout" (SDPA, nothing dropped). Peak memory above the model
+    and its gradients (CUDA only), bytes saved for the backward, and milliseconds per pass."""
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    from .lm_loop import sdpa_attention
+
+    keyed = importlib.import_module(f"{package}.keyed")
+    gpt = importlib.import_module(f"{package}.model").GPT
+    dropout = 0.0 if attention == "no-dropout" else DROPOUT
+    torch.manual_seed(0)
+    model = keyed.convert_dropout(gpt(w.n_layer, w.n_head, w.d_model, w.seq_len, 256, dropout=dropout))
+    model = model.to(device).train()
+    if attention == "sdpa":
+        for module in model.modules():
+            if type(module).__name__ == "CausalSelfAttention":
+                module.forward = sdpa_attention.__get__(module)
+    tokens = torch.randint(0, 256, (w.batch_size, w.seq_len), device=device)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
+    saved: dict[int, int] = {}
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    def step(count_saved: bool) -> None:
+        hooks = torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t)
+        with keyed.batch(model, 0, 1, range(w.batch_size), torch.device(device)):
+            with (
+                torch.autocast(device, dtype=dtype, enabled=precision != "fp32"),
+                hooks if count_saved else nullcontext(),
+            ):
+                loss = F.cross_entropy(model(tokens).flatten(0, -2).float(), tokens.flatten())
+            loss.backward()
+
+    step(False)  # gradients allocated; warm-up
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated() if cuda else 0
+    started = time.perf_counter()
+    repeats = 3
+    for _ in range(repeats):
+        step(False)
+    if cuda:
+        torch.cuda.synchronize()
+    ms = 1000 * (time.perf_counter() - started) / repeats
+    peak = torch.cuda.max_memory_allocated() - base if cuda else None
+    step(True)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    return {
+        "attention": attention,
+        "peak_bytes": peak,
+        "saved_bytes": sum(saved.values()),
+        "ms": ms,
+        "param_bytes": params,
+    }
+
+
+def attention_memory_runs(
+    w: Workload, env: dict[str, str], device: str, precision: str
+) -> list[dict[str, Any]]:
+    """attention_memory for each attention, each in a fresh process (a clean peak); printed."""
+    print(
+        f"\nattention with --dropout {DROPOUT} at the gpt2 shape ({describe(w)}; one micro-batch's"
+        " forward + backward):",
+        flush=True,
+    )
+    rows = []
+    for attention in ("written-out", "sdpa", "no-dropout"):
+        config = {**asdict(w), "attention": attention, "device": device, "precision": precision}
+        cmd = [sys.executable, "-m", "bench.gpu", "--attention-memory-worker", json.dumps(config)]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            rows.append({"attention": attention, "error": done.stderr[-2000:]})
+            print(f"  {attention:<12} failed: {done.stderr.strip().splitlines()[-1:]}", flush=True)
+            continue
+        row = json.loads(done.stdout.strip().splitlines()[-1])
+        rows.append(row)
+        peak = fmt(None if row["peak_bytes"] is None else row["peak_bytes"] / 2**20, ",.0f")
+        print(
+            f"  {attention:<12} peak above weights and gradients {peak} MiB, saved for backward"
+            f" {row['saved_bytes'] / 2**20:,.0f} MiB, {row['ms']:.1f} ms per forward + backward",
+            flush=True,
+        )
+    return rows
 
 
 # Dense bf16 TFLOP/s of one GPU from the data sheets (the generated project's metrics.py has the same).

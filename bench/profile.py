@@ -59,8 +59,12 @@ def worker(args: argparse.Namespace) -> None:
         owner = trainer_call_owner(args.package, call)
         t.wrap(owner, call.attr, call.label, data_wait_from_result=call.data_wait_from_result)
     t.wrap(torch.nn.utils, "clip_grad_norm_", "clip_grad_norm_")
-    # The update as the trainer applies it: the fused AdamW step, or scaler.step + update (fp16).
-    t.wrap(train, "apply_update", "optimizer step (train.apply_update)")
+    nonfinite = importlib.import_module(f"{args.package}.nonfinite")
+    # The update as the trainer applies it: the fused AdamW step with found_inf (the non-finite
+    # skip on the device), or scaler.step + update (fp16).
+    t.wrap(nonfinite, "apply_update", "optimizer step (nonfinite.apply_update)")
+    t.wrap(nonfinite.Health, "note", "non-finite check: Health.note (device ops)")
+    t.wrap(nonfinite.Health, "check", "non-finite check: Health.check (at logged steps)")
     t.wrap(torch.amp.GradScaler, "unscale_", "scaler.unscale_")
     t.wrap(torch.optim.lr_scheduler.LambdaLR, "step", "scheduler.step")
     t.wrap(torch.optim.Optimizer, "zero_grad", "zero_grad")
@@ -90,13 +94,43 @@ def worker(args: argparse.Namespace) -> None:
     )
 
 
-def run_breakdown(world_size: int, env: dict[str, str], warmup: int, timed: int) -> dict:
+def reference_worker(args: argparse.Namespace) -> None:
+    """Inside torchrun: bench.loops' reference-same-work with timers on the same calls (the
+    loop is inline, so forward + backward is what the timed calls leave of a step)."""
+    from . import loops
+
+    clock = StepClock(args.warmup, args.timed)
+    t = Timers(clock)
+    t.wrap(torch.utils.data.dataloader._BaseDataLoaderIter, "__next__", "data (next(batches))")
+    t.wrap(torch.nn.utils, "clip_grad_norm_", "clip_grad_norm_")
+    t.wrap(torch.optim.AdamW, "step", "optimizer step (fused AdamW)")
+    t.wrap(torch.optim.lr_scheduler.LambdaLR, "step", "scheduler.step")
+    t.wrap(torch.optim.Optimizer, "zero_grad", "zero_grad")
+    w = Workload(warmup=args.warmup, timed=args.timed)
+    timing = [f"--warmup={w.warmup}", f"--timed={w.timed}"]
+    loops.main(["--contender=reference-same-work", *w.common_flags(), *timing])
+    res = clock.result(w.batch_size * w.grad_accum_steps * int(os.environ.get("WORLD_SIZE", 1)))
+    step_ms = 1000 * res["window_s"] / args.timed
+    parts = {k: 1000 * v / args.timed for k, v in t.seconds.items()}
+    parts["forward+backward, isfinite, loop (the rest)"] = step_ms - sum(parts.values())
+    calls = {k: v / args.timed for k, v in t.calls.items()}
+    emit(
+        {
+            "contender": "profile-reference",
+            **res,
+            "step_ms": step_ms,
+            "ms_per_step": parts,
+            "calls_per_step": calls,
+        }
+    )
+
+
+def run_breakdown(
+    world_size: int, env: dict[str, str], warmup: int, timed: int, reference: bool = False
+) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-prof-") as out:
-        cmd = torchrun(
-            world_size,
-            "bench.profile",
-            ["--worker", f"--warmup={warmup}", f"--timed={timed}", f"--out-dir={out}"],
-        )
+        flags = ["--worker", f"--warmup={warmup}", f"--timed={timed}", f"--out-dir={out}"]
+        cmd = torchrun(world_size, "bench.profile", [*flags, *(["--reference"] if reference else [])])
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
     result = parse(done.stdout)
     if result is None:
@@ -178,11 +212,18 @@ def main() -> None:
     p.add_argument("--py-spy", action="store_true", help="also sample a W=1 run with py-spy")
     p.add_argument("--py-spy-steps", type=int, default=300, help="optimizer steps of the py-spy run")
     p.add_argument("--no-breakdown", action="store_true", help="skip the timer breakdown and data wait")
+    p.add_argument("--no-data-wait", action="store_true", help="skip the data-wait runs (0 and 2 workers)")
+    p.add_argument(
+        "--reference", action="store_true", help="also break down bench.loops' reference-same-work"
+    )
     p.add_argument("--json", type=Path)
     p.add_argument("extra", nargs="*", help="extra trainer flags (worker only)")
     args = p.parse_args()
     if args.worker:
-        worker(args)
+        if args.reference:
+            reference_worker(args)
+        else:
+            worker(args)
         return
     work = Path(tempfile.mkdtemp(prefix="bench-profile-"))
     try:
@@ -198,6 +239,12 @@ def main() -> None:
             "threads_per_process": args.threads,
         }
         for ws in [] if args.no_breakdown else [int(x) for x in args.world_sizes.split(",")]:
+            if args.reference:
+                b = run_breakdown(ws, env, args.warmup, args.timed, reference=True)
+                report["breakdown"][f"{ws} reference-same-work"] = b
+                print(f"\nW={ws} reference-same-work: {b['step_ms']:.2f} ms per optimizer step")
+                for name, ms in sorted(b["ms_per_step"].items(), key=lambda kv: -kv[1]):
+                    print(f"  {name:<45}{ms:>8.3f} ms {100 * ms / b['step_ms']:>6.1f}%")
             b = run_breakdown(ws, env, args.warmup, args.timed)
             report["breakdown"][str(ws)] = b
             print(
@@ -210,7 +257,7 @@ def main() -> None:
             print("  calls that read a tensor's value on the host (a GPU sync for GPU tensors), per step:")
             for name, per_step in sorted(b["host_syncs_per_step"].items(), key=lambda kv: -kv[1]):
                 print(f"    {per_step:6.2f}  {name}")
-            for workers in (0, 2):
+            for workers in () if args.no_data_wait else (0, 2):
                 d = run_data_wait(ws, workers, env, args.warmup, args.timed)
                 report["data_wait"][f"W={ws} workers={workers}"] = d
                 frac, sps = d.get("self_data_wait_frac_median"), d.get("self_samples_per_sec_median")

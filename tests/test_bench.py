@@ -9,6 +9,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +33,8 @@ def test_bench_quick_reports_every_installed_contender(tmp_path: Path) -> None:
 
     result = json.loads(out.read_text())
     expected = {
-        "reference", "reference-fused", "generated", "generated-noeval", "generated-quiet", "allreduce"
+        "reference-same-work", "reference", "reference-fused", "generated", "generated-noeval",
+        "generated-quiet", "allreduce",
     }  # fmt: skip
     optional = {"accelerate": "accelerate", "fabric": "lightning"}
     expected |= {c for c, module in optional.items() if importlib.util.find_spec(module) is not None}
@@ -46,23 +48,34 @@ def test_bench_quick_reports_every_installed_contender(tmp_path: Path) -> None:
     runs = [r for r in result["runs"] if r["contender"] in expected]
     assert all(r["optimizer_steps_seen"] == r["warmup_steps"] + r["timed_steps"] + 1 for r in runs)
     assert all(r["world_size"] == 2 and r["global_batch"] == 32 * 4 * 2 for r in runs)
+    # Ratios and targets are to the loop that does the trainer's work by hand.
+    assert result["summary"]["2"]["reference"] == "reference-same-work"
+    assert result["summary"]["2"]["contenders"]["reference-same-work"]["ratios_to_reference"] == [1.0]
+    targets = [t["target"] for t in result["targets"]]
+    assert "W=2: generated / reference-same-work >= 0.98" in targets
+    assert "W=2: generated-quiet / reference-same-work >= 1.0" in targets
+    assert re.search(r"^W=2 generated +per-round x ref \(wall\): \d", done.stdout, re.MULTILINE)
 
 
 @pytest.mark.slow
 def test_bench_lm_workload_compares_the_generated_gpt_with_the_hand_written_loop(tmp_path: Path) -> None:
+    """With dropout: the trainer's keyed masks against the same-work loop's SDPA(dropout_p)."""
     out = tmp_path / "bench.json"
     cmd = [
-        sys.executable, "-m", "bench", "--workload", "lm", "--quick", "--tiny", "--repeats", "1",
-        "--warmup", "1", "--timed", "3", "--world-sizes", "2", "--no-data-wait",
-        "--contenders", "reference,generated", "--json", str(out),
+        sys.executable, "-m", "bench", "--workload", "lm", "--dropout", "0.1", "--quick", "--tiny",
+        "--repeats", "1", "--warmup", "1", "--timed", "3", "--world-sizes", "2", "--no-data-wait",
+        "--contenders", "reference-same-work,generated", "--json", str(out),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     # Every contender's plumbing is the classifier test's: here the lm workload, with two of them.
-    expected = {"reference", "generated"}
+    expected = {"reference-same-work", "generated"}
     assert result["workload"]["task"] == "lm" and set(result["contenders"]) == expected
+    assert (
+        result["workload"]["dropout"] == 0.1 and result["summary"]["2"]["reference"] == "reference-same-work"
+    )
     for contender in expected:
         rate = result["summary"]["2"]["contenders"][contender]["median_samples_per_sec"]
         assert rate is not None and math.isfinite(rate) and rate > 0, (contender, rate)
@@ -89,6 +102,12 @@ def test_gpu_bench_script_runs_on_cpu(tmp_path: Path) -> None:
             rate = workload["rows"][contender]["median_samples_per_sec"]
             assert rate is not None and math.isfinite(rate) and rate > 0, (contender, rate)
     assert "target generated >= 0.97x reference" in done.stdout
+    # The attention's cost with dropout, written out (keyed masks) and in SDPA (torch's masks).
+    memory = {row["attention"]: row for row in result["attention_memory"]}
+    assert set(memory) == {"written-out", "sdpa", "no-dropout"}
+    assert all("error" not in row and row["saved_bytes"] > 0 and row["ms"] > 0 for row in memory.values()), (
+        memory
+    )
 
 
 @pytest.mark.slow
