@@ -168,8 +168,7 @@ def collective_failed(err: BaseException) -> bool:
 
 def fail(err: BaseException, env: dist.DistEnv, timeout_s: int) -> NoReturn:
     """An exception escaped training: re-raise it with one process; with several, print it and
-    exit 1 at once. A sample that cannot be read (DataError), or a collective that failed
-    because another rank did: one line, whose cause the other rank's own line says."""
+    exit 1 at once. A sample that cannot be read (DataError): one line naming it."""
     if isinstance(err, DataError):
         print(f"error: rank {env.rank}: {err}", file=sys.stderr)
         if env.world_size == 1:
@@ -178,9 +177,9 @@ def fail(err: BaseException, env: dist.DistEnv, timeout_s: int) -> NoReturn:
     elif env.world_size == 1:
         dist.cleanup(clean_exit=False)
         raise err
-    elif not collective_failed(err):
-        sys.excepthook(type(err), err, err.__traceback__)  # torch's hook adds a [rankN] prefix
     else:
+        sys.excepthook(type(err), err, err.__traceback__)  # torch's hook adds a [rankN] prefix
+    if collective_failed(err):
         print(
             f"error: rank {env.rank}: a collective failed: another rank crashed, was killed, or"
             f" stalled for longer than --dist-timeout ({timeout_s} s). Look for its own error in"
