@@ -21,18 +21,19 @@ from torch import Tensor, nn
 MASK = 0x7FFFFFFF  # 31 bits
 
 
-def mix(key: Tensor | int, x: Tensor | int) -> Tensor | int:
+def mix(key: Tensor | int, x: Tensor | int, rounds: int = 2) -> Tensor | int:
     """A 31-bit hash of two numbers in [0, 2^31): Python ints, int64 tensors, or both.
 
     Multiplying by an odd constant (mod 2^31) and xor-ing the high bits into the low ones
     (murmur3's finalizer, cut to 31 bits) spread a change of any input bit over all bits. The
-    key enters both rounds: the hashes of x under two keys are unrelated sequences.
+    key enters every round: the hashes of x under two keys are unrelated sequences. One round
+    is enough when key and x are hashes already.
     """
-    # On a tensor every step below writes into h's own memory (a copy of x): a new tensor per
-    # operation would make a mask of dropout's size cost twice the time of torch's own dropout.
-    h = x.clone() if isinstance(x, Tensor) else x
-    for _ in range(2):
-        h ^= key
+    h = x
+    for _ in range(rounds):
+        # A new tensor (with x and key's broadcast shape), which the next steps update in place:
+        # a new tensor per step would make a mask cost twice the time of torch's own dropout.
+        h = h ^ key
         h *= 0x2C1B3C6D
         h &= MASK
         h ^= h >> 15
@@ -72,9 +73,12 @@ class KeyedDropout(nn.Module):
             return F.dropout(x, self.p)
         if len(x) != len(self.keys):
             raise ValueError(f"KeyedDropout: dim 0 of a {tuple(x.shape)} input is not the batch")
+        # A hash per sample (its key, the site) and one per element of a sample (its index,
+        # the site), mixed together: one round per element, where hashing each element from
+        # scratch would take two.
         rows = mix(self.keys, self.site).view(-1, *[1] * (x.dim() - 1))
-        places = torch.arange(x[0].numel(), device=x.device).view(x.shape[1:])
-        keep = mix(rows, places.expand(x.shape)) >= int(self.p * (MASK + 1))
+        places = mix(self.site, torch.arange(x[0].numel(), device=x.device)).view(x.shape[1:])
+        keep = mix(rows, places, rounds=1) >= int(self.p * (MASK + 1))
         # x / (1 - p) where kept, else 0; the division in place costs one tensor less.
         return x.mul(keep).div_(1 - self.p)
 
