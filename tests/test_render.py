@@ -54,6 +54,13 @@ COMBINATIONS = {
     "comm-hooks": dict(features=["comm_hooks"], precision="fp16"),
     "tools": dict(features=["tools"], launchers=["local"]),
     "lm-tools-profiler": dict(task="lm", features=["tools", "profiler"]),
+    "image-fp16-local-tb": dict(
+        task="image", precision="fp16", launchers=["local"], logger="tensorboard", grad_accum_steps=2,
+    ),
+    "image-all-features-fsdp-cluster": dict(
+        task="image", features=ALL_FEATURES, strategy="fsdp", launchers=["multinode", "slurm", "kubernetes"],
+        logger="mlflow",
+    ),
     "quotes-and-backslashes": dict(
         description='Says "hi" \\n, a\ttab and \\', author_name="O'Brien \"Bob\" \\",
         author_email="o'b+x@ex-a.co.uk",
@@ -143,10 +150,7 @@ def test_a_project_holds_nothing_of_the_other_task(project: Path) -> None:
         names, words = TASK_ONLY[other]
         for name in names:
             assert not (package / name).exists(), name
-        # The image task's generic tests still pass classifier flags in two places (test_train,
-        # test_launch_scripts): not in its CI row yet.
-        skip = answers["task"] == "image" and other == "classifier"
-        for path in [p for p in texts if not (skip and p.parent.name == "tests")]:
+        for path in texts:
             found = words.search(path.read_text(encoding="utf-8"))
             assert found is None, f"{other} in {path}: {found.group()}"
 
