@@ -82,7 +82,7 @@ TASK_ONLY = {
     "image": (
         ["images.py", "syncbn.py", "sample_images.py"],
         re.compile(r"torchvision|syncbn|GlobalBatchNorm|sample_images|bad.images|image_size|--image-size"
-                   r"|channels.last|pillow|\bPIL\b|images/s", re.IGNORECASE),
+                   r"|channels.last|pillow|\bPIL\b|images/s|img/s", re.IGNORECASE),
     ),
 }  # fmt: skip
 
