@@ -96,6 +96,21 @@ def test_strategy_is_not_asked_without_fsdp(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_image_task_chosen_at_the_terminal(tmp_path: Path) -> None:
+    child = spawn("proj", cwd=tmp_path)
+    for key in ("package_name", "description", "author_name", "author_email", "python_version", "license",
+                "copyright_year"):  # fmt: skip
+        answer(child, key, "")
+    answer(child, "task", "image")
+    for key in ("precision", "features", "grad_accum_steps", "launchers", "logger", "include_ci"):
+        answer(child, key, "")
+    status, output = finish(child)
+    assert status == 0, output
+    assert answers_of(tmp_path / "proj")["task"] == "image"
+    package = tmp_path / "proj" / "src" / "proj"
+    assert (package / "images.py").is_file() and not (package / "datafiles.py").exists()
+
+
 def test_a_wrong_answer_gets_the_whole_message_and_is_asked_again(tmp_path: Path) -> None:
     child = spawn("proj", cwd=tmp_path)
     answer(child, "package_name", "Bad Name")
