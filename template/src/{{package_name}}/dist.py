@@ -173,13 +173,16 @@ class AgreeLater:
 
     def __init__(self, *names: str) -> None:
         self.names = names
-        self._pending: tuple[torch_dist.Work, torch.Tensor] | None = None
+        self._pending: tuple[torch_dist.Work | None, torch.Tensor] | None = None
 
     def start(self, **flags: int) -> None:
-        """Start agreeing on this rank's flags: small non-negative ints, one per name."""
+        """Start agreeing on this rank's flags: small non-negative ints, one per name. One
+        process has nobody to agree with: its flags are the result, without a collective."""
         values = torch.tensor([flags[name] for name in self.names], dtype=torch.int64)
-        op = torch_dist.ReduceOp.MAX
-        self._pending = (torch_dist.all_reduce(values, op, host_group(), async_op=True), values)
+        op, work = torch_dist.ReduceOp.MAX, None
+        if world_size() > 1:
+            work = torch_dist.all_reduce(values, op, host_group(), async_op=True)
+        self._pending = (work, values)
 
     def result(self) -> dict[str, int]:
         """Each flag of the last start(), its maximum over all ranks (all 0 before any)."""
@@ -187,7 +190,8 @@ class AgreeLater:
             return dict.fromkeys(self.names, 0)
         work, values = self._pending
         self._pending = None
-        work.wait()
+        if work is not None:
+            work.wait()
         return dict(zip(self.names, values.tolist(), strict=True))  # a CPU tensor: no sync
 
 

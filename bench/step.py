@@ -1,0 +1,215 @@
+"""The generated trainer's optimizer step against the same-work step, A/B in one process.
+
+    python -m bench.step                      # 31 rounds of 10 steps per variant (~3 min idle)
+    python -m bench.step --rounds 61
+
+One process, one thread, a one-rank gloo group, the MLP workload of `python -m bench` (256 ->
+3 x 1024 -> 10, batch 32, 4 micro-batches, fp32). Every variant trains its own copy of the same
+model on the same in-memory batches (the data path is not compared here), and the variants
+alternate within each round, timed in CPU seconds of this process: other processes taking turns
+on the cores cost them alike, which resolves 1-2 % where separate runs differ by 5-15 %.
+
+- same-work:  bench/loops.py's reference-same-work step, inline: no_sync on all micro-batches
+              but the last, loss / 4, clip_grad_norm_, fused AdamW unless the norm is not
+              finite, the warmup + cosine schedule, zero_grad.
+- generated:  the trainer's step.train_step (keyed dropout's context, autocast, the loss sum,
+              Health.note, the found_inf update).
+- loop:       train_step and the rest of what train.py's loop does at every step when it logs
+              nothing: Progress.advance, Meter.add, the agreement on stop and save requests
+              (dist.AgreeLater), save-by-time and Due.after.
+- generated-forward: the trainer's forward_backward, then the same-work update.
+- generated-update:  the same-work micro-batches, then the trainer's update (Health.note,
+              apply_update with found_inf).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .generated import render
+from .harness import PACKAGE, Workload, environment, save_results, stamp
+
+VARIANTS = ("same-work", "generated", "loop", "generated-forward", "generated-update")
+
+
+def worker(args: argparse.Namespace) -> dict[str, Any]:
+    """Inside the project's environment: every variant's ms per step, round by round."""
+    import torch
+    import torch.distributed as torch_dist
+    import torch.nn.functional as F
+    from torch import nn
+
+    from .loops import make_mlp, same_work_optimizer
+
+    def project(name: str) -> Any:
+        return importlib.import_module(f"{PACKAGE}.{name}")
+
+    config, nonfinite, step, train, metrics, dist = map(
+        project, ("config", "nonfinite", "step", "train", "metrics", "dist")
+    )
+    torch.set_num_threads(1)
+    torch_dist.init_process_group("gloo", rank=0, world_size=1, store=torch_dist.HashStore())
+    w, device = Workload(), torch.device("cpu")
+    accum = w.grad_accum_steps
+    sizes = dict(input_dim=w.input_dim, hidden_dim=w.hidden_dim, depth=w.depth)
+    cfg = config.TrainConfig(
+        **sizes, num_classes=w.num_classes, batch_size=w.batch_size, grad_accum_steps=accum,
+        precision=w.precision, max_steps=10**6,
+    )  # fmt: skip
+    loop_args = argparse.Namespace(
+        **sizes, num_classes=w.num_classes, weight_decay=cfg.weight_decay, lr=cfg.lr,
+        warmup_steps=cfg.warmup_steps, max_steps=cfg.max_steps, min_lr_ratio=cfg.min_lr_ratio,
+    )  # fmt: skip
+    inputs = torch.randn(4096, w.input_dim, generator=torch.Generator().manual_seed(1))
+    labels = torch.randint(0, w.num_classes, (4096,), generator=torch.Generator().manual_seed(2))
+
+    def feed():
+        for i in range(10**9):
+            start = i * w.batch_size % len(inputs)
+            yield inputs[start : start + w.batch_size], labels[start : start + w.batch_size]
+
+    def same_forward(ddp: nn.Module, batches: Any) -> torch.Tensor:
+        """The same-work micro-batches: no_sync on all but the last, loss / accum."""
+        for micro in range(accum):
+            x, y = next(batches)
+            with ddp.no_sync() if micro < accum - 1 else contextlib.nullcontext():
+                loss = F.cross_entropy(ddp(x).flatten(0, -2), y.flatten())
+                (loss / accum).backward()
+        return loss
+
+    def same_update(ddp: nn.Module, optimizer: Any, scheduler: Any) -> None:
+        """The same-work update: clip, step unless the norm is not finite, schedule, zero."""
+        grad_norm = nn.utils.clip_grad_norm_(ddp.parameters(), cfg.grad_clip)
+        if grad_norm.isfinite():
+            optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    class SameWork:
+        def __init__(self) -> None:
+            torch.manual_seed(0)
+            model = make_mlp(loop_args)
+            self.ddp = nn.parallel.DistributedDataParallel(model)
+            self.optimizer, self.scheduler = same_work_optimizer(model, loop_args)
+            self.batches = feed()
+
+        def step(self) -> None:
+            same_forward(self.ddp, self.batches)
+            same_update(self.ddp, self.optimizer, self.scheduler)
+
+    class Generated:
+        def __init__(self) -> None:
+            self.state = train.build_state(cfg, 1, device, example=inputs[0])
+            self.health = nonfinite.Health(device, scaler_skips=False)
+            self.batches, self.meter = feed(), metrics.Meter()
+            self.requests, self.scaler = dist.AgreeLater("stop", "save_due"), self.state.scaler
+            self.model, self.progress = self.state.model, self.state.progress
+
+        def step(self) -> None:
+            step.train_step(self.model, self.state, self.batches, cfg, self.health)
+            self.progress.step += 1
+
+        def loop(self) -> None:  # train.py's per-step work when the step logs nothing
+            out = step.train_step(self.model, self.state, self.batches, cfg, self.health)
+            self.progress.advance(w.batch_size * accum, end_of_epoch=False)
+            self.meter.add(w.batch_size * accum, out.started, out.data_wait)
+            asked = self.requests.result()
+            self.requests.start(stop=0, save_due=0)
+            train.Due.after(self.progress.step, cfg, **asked)
+
+        def forward(self) -> None:  # the trainer's micro-batches, the same-work update
+            key = (cfg.seed, self.progress.step)
+            step.forward_backward(self.model, self.batches, accum, cfg.precision, self.scaler, key)
+            same_update(self.model, self.state.optimizer, self.state.scheduler)
+            self.progress.step += 1
+
+        def update(self) -> None:  # the same-work micro-batches, the trainer's update
+            loss = same_forward(self.model, self.batches)
+            grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            self.health.note(self.progress.step + 1, loss.detach(), grad_norm)
+            nonfinite.apply_update(self.state.optimizer, self.scaler, grad_norm)
+            self.state.scheduler.step()
+            self.state.optimizer.zero_grad(set_to_none=True)
+            self.progress.step += 1
+
+    same = SameWork()
+    gens = {v: Generated() for v in VARIANTS[1:]}  # a model of its own each, the same weights
+    run = {
+        "same-work": same.step,
+        "generated": gens["generated"].step,
+        "loop": gens["loop"].loop,
+        "generated-forward": gens["generated-forward"].forward,
+        "generated-update": gens["generated-update"].update,
+    }
+    for variant in VARIANTS:  # warm-up
+        for _ in range(3):
+            run[variant]()
+    ms: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for _ in range(args.rounds):
+        for variant in VARIANTS:
+            started = time.process_time()
+            for _ in range(args.steps):
+                run[variant]()
+            ms[variant].append(1000 * (time.process_time() - started) / args.steps)
+    torch_dist.destroy_process_group()
+    base = ms["same-work"]
+    ratios = {v: [a / b for a, b in zip(ms[v], base, strict=True)] for v in VARIANTS}
+    return {
+        "ms": ms,
+        "median_ms": {v: statistics.median(x) for v, x in ms.items()},
+        "ratios_to_same_work": ratios,
+        "median_ratio": {v: statistics.median(x) for v, x in ratios.items()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.step", description=__doc__.splitlines()[0])
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--rounds", type=int, default=31)
+    p.add_argument("--steps", type=int, default=10, help="optimizer steps per variant per round")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return 0
+    work = Path(tempfile.mkdtemp(prefix="bench-step-"))
+    try:
+        project = work / "project"
+        render(project, PACKAGE)
+        cmd = [sys.executable, "-m", "bench.step", "--worker", *(argv if argv is not None else sys.argv[1:])]
+        env = environment(1, project)
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=os.getcwd())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if done.returncode != 0:
+        print(done.stderr[-3000:], file=sys.stderr)
+        return 1
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"one optimizer step, ms of CPU time: median of {args.rounds} rounds, and x same-work (the")
+    print("median of per-round ratios; its quartiles):")
+    for variant in VARIANTS:
+        ratios = sorted(results["ratios_to_same_work"][variant])
+        q1, q3 = ratios[len(ratios) // 4], ratios[3 * len(ratios) // 4]
+        print(
+            f"  {variant:<18} {results['median_ms'][variant]:7.2f} ms"
+            f"  x {results['median_ratio'][variant]:.3f}  ({q1:.3f}-{q3:.3f})"
+        )
+    path = save_results("step", {**stamp("python -m bench.step", argv), "results": results}, args.json)
+    print(f"results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
