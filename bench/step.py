@@ -1,17 +1,21 @@
 """The generated trainer's optimizer step against the same-work step, A/B in one process.
 
-    python -m bench.step                      # 31 rounds of 10 steps per variant (~3 min idle)
-    python -m bench.step --rounds 61
+    python -m bench.step                      # 31 rounds of 10 steps per variant (~2 min idle)
+    python -m bench.step --world-size 2       # two ranks in lock step (torchrun, gloo)
 
-One process, one thread, a one-rank gloo group, the MLP workload of `python -m bench` (256 ->
+One process per rank, one thread each, gloo, the MLP workload of `python -m bench` (256 ->
 3 x 1024 -> 10, batch 32, 4 micro-batches, fp32). Every variant trains its own copy of the same
 model on the same in-memory batches (the data path is not compared here), and the variants
-alternate within each round, timed in CPU seconds of this process: other processes taking turns
-on the cores cost them alike, which resolves 1-2 % where separate runs differ by 5-15 %.
+alternate within each round (on every rank in the same order), timed in rank 0's CPU seconds
+and wall seconds: other processes taking turns on the cores cost the variants alike, which
+resolves 1-2 % where separate runs differ by 5-15 %. CPU time does not see a rank waiting for
+its peer (W=2), wall time does.
 
 - same-work:  bench/loops.py's reference-same-work step, inline: no_sync on all micro-batches
               but the last, loss / 4, clip_grad_norm_, fused AdamW unless the norm is not
               finite, the warmup + cosine schedule, zero_grad.
+- same-work-again: a second copy of same-work (its own model and optimizer): the A/A control,
+              whose ratio shows what the method resolves and any bias of a variant's place.
 - generated:  the trainer's step.train_step (keyed dropout's context, autocast, the loss sum,
               Health.note, the found_inf update).
 - loop:       train_step and the rest of what train.py's loop does at every step when it logs
@@ -41,7 +45,8 @@ from typing import Any
 from .generated import render
 from .harness import PACKAGE, Workload, environment, save_results, stamp
 
-VARIANTS = ("same-work", "generated", "loop", "generated-forward", "generated-update")
+CLOCKS = ("cpu", "wall")
+VARIANTS = ("same-work", "same-work-again", "generated", "loop", "generated-forward", "generated-update")
 
 
 def worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -60,7 +65,10 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         project, ("config", "nonfinite", "step", "train", "metrics", "dist")
     )
     torch.set_num_threads(1)
-    torch_dist.init_process_group("gloo", rank=0, world_size=1, store=torch_dist.HashStore())
+    if "RANK" in os.environ:  # torchrun: W ranks
+        torch_dist.init_process_group("gloo")
+    else:
+        torch_dist.init_process_group("gloo", rank=0, world_size=1, store=torch_dist.HashStore())
     w, device = Workload(), torch.device("cpu")
     accum = w.grad_accum_steps
     sizes = dict(input_dim=w.input_dim, hidden_dim=w.hidden_dim, depth=w.depth)
@@ -144,10 +152,11 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
             self.state.optimizer.zero_grad(set_to_none=True)
             self.progress.step += 1
 
-    same = SameWork()
+    same, again = SameWork(), SameWork()
     gens = {v: Generated() for v in VARIANTS[1:]}  # a model of its own each, the same weights
     run = {
         "same-work": same.step,
+        "same-work-again": again.step,
         "generated": gens["generated"].step,
         "loop": gens["loop"].loop,
         "generated-forward": gens["generated-forward"].forward,
@@ -156,22 +165,28 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     for variant in VARIANTS:  # warm-up
         for _ in range(3):
             run[variant]()
-    ms: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    ms: dict[str, dict[str, list[float]]] = {c: {v: [] for v in VARIANTS} for c in CLOCKS}
     for _ in range(args.rounds):
         for variant in VARIANTS:
-            started = time.process_time()
+            torch_dist.barrier()
+            started = time.process_time(), time.perf_counter()
             for _ in range(args.steps):
                 run[variant]()
-            ms[variant].append(1000 * (time.process_time() - started) / args.steps)
+            ended = time.process_time(), time.perf_counter()
+            for clock, a, b in zip(CLOCKS, started, ended, strict=True):
+                ms[clock][variant].append(1000 * (b - a) / args.steps)
     torch_dist.destroy_process_group()
-    base = ms["same-work"]
-    ratios = {v: [a / b for a, b in zip(ms[v], base, strict=True)] for v in VARIANTS}
-    return {
-        "ms": ms,
-        "median_ms": {v: statistics.median(x) for v, x in ms.items()},
-        "ratios_to_same_work": ratios,
-        "median_ratio": {v: statistics.median(x) for v, x in ratios.items()},
-    }
+    results: dict[str, Any] = {"world_size": int(os.environ.get("WORLD_SIZE", 1))}
+    for clock, times in ms.items():
+        base = times["same-work"]
+        ratios = {v: [a / b for a, b in zip(times[v], base, strict=True)] for v in VARIANTS}
+        results[clock] = {
+            "ms": times,
+            "median_ms": {v: statistics.median(x) for v, x in times.items()},
+            "ratios_to_same_work": ratios,
+            "median_ratio": {v: statistics.median(x) for v, x in ratios.items()},
+        }
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,16 +194,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rounds", type=int, default=31)
     p.add_argument("--steps", type=int, default=10, help="optimizer steps per variant per round")
+    p.add_argument("--world-size", type=int, default=1, help="ranks, launched by torchrun")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args)))
+        results = worker(args)
+        if os.environ.get("RANK", "0") == "0":
+            print(json.dumps(results))
         return 0
     work = Path(tempfile.mkdtemp(prefix="bench-step-"))
     try:
         project = work / "project"
         render(project, PACKAGE)
-        cmd = [sys.executable, "-m", "bench.step", "--worker", *(argv if argv is not None else sys.argv[1:])]
+        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        launch += [f"--nproc-per-node={args.world_size}", "-m"] if args.world_size > 1 else ["-m"]
+        cmd = [*launch, "bench.step", "--worker", *(argv if argv is not None else sys.argv[1:])]
         env = environment(1, project)
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=os.getcwd())
     finally:
@@ -197,15 +217,17 @@ def main(argv: list[str] | None = None) -> int:
         print(done.stderr[-3000:], file=sys.stderr)
         return 1
     results = json.loads(done.stdout.strip().splitlines()[-1])
-    print(f"one optimizer step, ms of CPU time: median of {args.rounds} rounds, and x same-work (the")
-    print("median of per-round ratios; its quartiles):")
+    print(f"one optimizer step at W={args.world_size}, rank 0: median ms of {args.rounds} rounds, and")
+    print("x same-work (the median of per-round ratios; its quartiles), in CPU and wall time:")
     for variant in VARIANTS:
-        ratios = sorted(results["ratios_to_same_work"][variant])
-        q1, q3 = ratios[len(ratios) // 4], ratios[3 * len(ratios) // 4]
-        print(
-            f"  {variant:<18} {results['median_ms'][variant]:7.2f} ms"
-            f"  x {results['median_ratio'][variant]:.3f}  ({q1:.3f}-{q3:.3f})"
-        )
+        line = f"  {variant:<18}"
+        for clock in CLOCKS:
+            r = results[clock]
+            ratios = sorted(r["ratios_to_same_work"][variant])
+            q1, q3 = ratios[len(ratios) // 4], ratios[3 * len(ratios) // 4]
+            line += f"  {clock} {r['median_ms'][variant]:6.2f} ms x {r['median_ratio'][variant]:.3f}"
+            line += f" ({q1:.3f}-{q3:.3f})"
+        print(line)
     path = save_results("step", {**stamp("python -m bench.step", argv), "results": results}, args.json)
     print(f"results: {path}")
     return 0

@@ -160,3 +160,29 @@ def test_data_rss_bench_reports_every_rank_of_both_runs(tmp_path: Path) -> None:
         assert sorted(run["ranks"]) == ["0", "1"], run
         assert all(peak["VmHWM"] > 0 and peak["RssAnon"] > 0 for peak in run["ranks"].values())
     assert result["file_bytes"] >= 2 << 20 and result["cache_bytes"] > 0
+
+
+def test_step_bench_times_every_variant_on_both_ranks(tmp_path: Path) -> None:
+    """python -m bench.step at W=2: every variant timed on both clocks, ratios to same-work."""
+    out = tmp_path / "step.json"
+    cmd = [sys.executable, "-m", "bench.step", "--rounds", "2", "--steps", "1", "--world-size", "2"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [*cmd, "--json", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())["results"]
+    assert result["world_size"] == 2
+    for clock in ("cpu", "wall"):
+        times = result[clock]
+        assert set(times["ms"]) == {
+            "same-work",
+            "same-work-again",
+            "generated",
+            "loop",
+            "generated-forward",
+            "generated-update",
+        }
+        assert all(len(ms) == 2 and min(ms) > 0 for ms in times["ms"].values())
+        assert times["median_ratio"]["same-work"] == 1.0
+        assert all(math.isfinite(r) and r > 0 for r in times["median_ratio"].values())
