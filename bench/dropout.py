@@ -18,18 +18,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from .generated import render
-from .harness import PACKAGE, environment, save_results, stamp
+from .harness import PACKAGE, run_worker, save_results, stamp
 
 VARIANTS = ("generated", "sdpa", "no-dropout")
 
@@ -102,25 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print(json.dumps(worker(args)))
         return 0
-    work = Path(tempfile.mkdtemp(prefix="bench-dropout-"))
-    try:
-        project = work / "project"
-        render(project, PACKAGE, data={"task": "lm"})
-        env = environment(1, project)
-        cmd = [
-            sys.executable,
-            "-m",
-            "bench.dropout",
-            "--worker",
-            *(argv if argv is not None else sys.argv[1:]),
-        ]
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=os.getcwd())
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    if done.returncode != 0:
-        print(done.stderr[-3000:], file=sys.stderr)
+    results = run_worker("bench.dropout", argv if argv is not None else sys.argv[1:], data={"task": "lm"})
+    if results is None:
         return 1
-    results = json.loads(done.stdout.strip().splitlines()[-1])
     shape = f"GPT {args.n_layer} x {args.d_model}, {args.n_head} heads, context {args.seq_len}"
     shape += f", dropout {args.dropout}"
     print(f"{shape}; one micro-batch's forward + backward, ms of CPU time, median of {args.rounds} rounds:")

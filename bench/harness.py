@@ -22,13 +22,14 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .generated import REPO
+from .generated import REPO, render
 from .timing import parse
 
 PACKAGE = "benchproj"  # the package name of the rendered project
@@ -394,6 +395,27 @@ def summarize(
             "foreign_cpu_median": median_or_none([r["foreign_cpu"] for r in ours if "foreign_cpu" in r]),
         }
     return table
+
+
+def run_worker(module: str, argv: list[str], data: dict[str, str] | None = None, world_size: int = 1) -> Any:
+    """Render a project (answers `data`), run `python -m module --worker argv` in its environment
+    (one thread per process; under torchrun with W > 1) and return the JSON of its last output
+    line, or None after printing the end of its stderr when it failed."""
+    work = Path(tempfile.mkdtemp(prefix=f"{module.replace('.', '-')}-"))
+    try:
+        project = work / "project"
+        render(project, PACKAGE, data=data)
+        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        launch += [f"--nproc-per-node={world_size}", "-m"] if world_size > 1 else ["-m"]
+        cmd = [*launch, module, "--worker", *argv]
+        env = environment(1, project)
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=os.getcwd())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if done.returncode != 0:
+        print(done.stderr[-3000:], file=sys.stderr)
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def save_results(kind: str, data: Any, path: Path | None = None) -> Path:

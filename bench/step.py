@@ -33,17 +33,13 @@ import contextlib
 import importlib
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from .generated import render
-from .harness import PACKAGE, Workload, environment, save_results, stamp
+from .harness import PACKAGE, Workload, run_worker, save_results, stamp
 
 CLOCKS = ("cpu", "wall")
 VARIANTS = ("same-work", "same-work-again", "generated", "loop", "generated-forward", "generated-update")
@@ -202,21 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("RANK", "0") == "0":
             print(json.dumps(results))
         return 0
-    work = Path(tempfile.mkdtemp(prefix="bench-step-"))
-    try:
-        project = work / "project"
-        render(project, PACKAGE)
-        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        launch += [f"--nproc-per-node={args.world_size}", "-m"] if args.world_size > 1 else ["-m"]
-        cmd = [*launch, "bench.step", "--worker", *(argv if argv is not None else sys.argv[1:])]
-        env = environment(1, project)
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=os.getcwd())
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    if done.returncode != 0:
-        print(done.stderr[-3000:], file=sys.stderr)
+    results = run_worker("bench.step", argv if argv is not None else sys.argv[1:], world_size=args.world_size)
+    if results is None:
         return 1
-    results = json.loads(done.stdout.strip().splitlines()[-1])
     print(f"one optimizer step at W={args.world_size}, rank 0: median ms of {args.rounds} rounds, and")
     print("x same-work (the median of per-round ratios; its quartiles), in CPU and wall time:")
     for variant in VARIANTS:
