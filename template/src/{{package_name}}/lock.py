@@ -25,6 +25,7 @@ def this_process() -> dict[str, Any]:
     """What the lock says about its holder, and what staleness is judged against."""
     me: dict[str, Any] = {
         "host": socket.gethostname(),
+        "boot_id": boot_id(),
         "pid_namespace": _pid_namespace(),
         "pid": os.getpid(),
         "process_start": process_start(os.getpid()),
@@ -47,16 +48,40 @@ def _pid_namespace() -> str:
         return ""  # not Linux: the host name alone
 
 
+def boot_id() -> str:
+    """This machine's boot id; another one means another machine (or a reboot). "": no /proc."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
 def process_start(pid: int) -> str | None:
     """When process `pid` started ("BOOT_ID TICKS", from /proc), which tells a reused pid apart;
     None if it does not run (gone, or a zombie), or where there is no /proc to tell."""
     try:
-        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     state, *fields = stat.rpartition(")")[2].split()  # after "pid (command)", which may hold ")"
-    return None if state in ("Z", "X") else f"{boot_id} {fields[18]}"  # field 22: starttime
+    machine = boot_id()
+    return None if state in ("Z", "X") or not machine else f"{machine} {fields[18]}"  # starttime
+
+
+def _machine(record: dict[str, Any]) -> str | None:
+    """The boot id a lock or this_process() names (locks before it: from process_start)."""
+    start = record.get("process_start")
+    return record.get("boot_id") or (start.split()[0] if isinstance(start, str) else None)
+
+
+def same_pids(holder: dict[str, Any], me: dict[str, Any]) -> bool:
+    """Is the holder's pid one of this process's pids? Same machine (boot id) and pid namespace:
+    a replaced pod on another node can repeat the host name, the namespace inode and the pid."""
+    theirs, mine = _machine(holder), _machine(me)
+    if theirs and mine and theirs != mine:
+        return False
+    keys = ("host", "pid_namespace")
+    return [holder.get(key) for key in keys] == [me.get(key) for key in keys]
 
 
 def read_lock(path: Path) -> tuple[dict[str, Any] | None, float] | None:
@@ -77,8 +102,8 @@ def read_lock(path: Path) -> tuple[dict[str, Any] | None, float] | None:
 def stale_reason(holder: dict[str, Any] | None, age: float, me: dict[str, Any]) -> str | None:
     """Why a lock is stale (its holder is surely gone), or None if it may be running: an
     earlier attempt of this job (torchrun restart, SLURM requeue); a process gone from this
-    host (a live one keeps its lock, even stopped with Ctrl-Z); no heartbeat for STALE_AFTER_S
-    (another host; clocks agree to within a minute); empty or damaged for DAMAGED_AFTER_S."""
+    machine (a live one keeps its lock, even stopped with Ctrl-Z); no heartbeat for STALE_AFTER_S
+    (another machine; clocks agree to within a minute); empty or damaged for DAMAGED_AFTER_S."""
     heartbeat_stopped = f"no heartbeat for {age:.0f} s" if age > STALE_AFTER_S else None
     if holder is None:
         return heartbeat_stopped  # cannot be read (another user's?): judged by its heartbeat
@@ -91,14 +116,16 @@ def stale_reason(holder: dict[str, Any] | None, age: float, me: dict[str, Any]) 
         if job in me and holder.get(job) == me[job] and holder.get(attempt, 0) < me[attempt]:
             return what
     pid = holder.get("pid")
-    if (holder.get("host"), holder.get("pid_namespace")) == (me["host"], me["pid_namespace"]):
-        if pid == me["pid"]:
-            return "left by an earlier run in this process"
+    if same_pids(holder, me):
         if not _pid_exists(pid):
             return f"process {pid} is gone"
         recorded, now = holder.get("process_start"), process_start(pid)
-        if recorded and now:  # /proc on both sides: the very process that took the lock?
-            return None if now == recorded else f"process {pid} is gone (its pid was reused)"
+        if recorded and now and now != recorded:  # /proc on both sides: not the same process
+            return f"process {pid} is gone (its pid was reused)"
+        if pid == me["pid"]:
+            return "left by an earlier run in this process"
+        if recorded and now:
+            return None  # the very process that took the lock
     return heartbeat_stopped
 
 
