@@ -98,7 +98,7 @@ def unasked(
     next update would lose it."""
     from jinja2 import TemplateError
 
-    answers = copier_context(dst)
+    answers = {**copier_context(dst), **known}  # copier's expressions see every recorded answer
     for question in questions.values():
         key = question.key
         if key in given:
@@ -165,17 +165,20 @@ def describe_default(question: Question) -> str:
         return _show(default)
     from jinja2 import TemplateError, meta
 
-    if "_copier_conf.answers_file" in default:  # features: none for a new project, all for an old one
+    if "_copier_conf.answers_file" in default:  # features: none for a new project, more for an old one
         try:
+            recorded = sorted(meta.find_undeclared_variables(_env().parse(default)) - {"_copier_conf"})
             with new_destination() as dst:
                 new = _show(_default(question, copier_context(dst)) or "none")
                 (dst / ANSWERS_FILE).touch()
-                old = _show(_default(question, copier_context(dst)) or "none")
+                context = {**copier_context(dst), **dict.fromkeys(recorded, "")}
+                old = _show(_default(question, context) or "none")
         except (TemplateError, GeneratorError):
             return default
         if new == old:
             return new
-        return f"{new} for a new project; {old} when updating a project rendered before this question"
+        which = f" that recorded {', '.join(recorded)}" if recorded else ""
+        return f"{new} for a new project; {old} when updating a project rendered before this question{which}"
     if "_copier_conf.dst_path" in default:
         return "the project's directory name (NAME)"
     try:

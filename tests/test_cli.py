@@ -77,7 +77,7 @@ def test_options_says_what_computed_defaults_mean() -> None:
     assert defaults["launchers"] == "local,multinode,slurm"  # as --data takes it
     assert defaults["features"] == (
         "none for a new project; fsdp,comm_hooks,tools,profiler when updating a project rendered"
-        " before this question"
+        " before this question that recorded strategy"
     )
 
 

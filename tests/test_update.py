@@ -768,16 +768,22 @@ def this_tree(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return bundle, clone
 
 
-@pytest.fixture(scope="module")
-def every_capability(this_tree: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> set[str]:
-    """The files of a project with every feature, rendered from the template on disk."""
-    bundle, _ = this_tree
-    root = tmp_path_factory.mktemp("every-capability")
+def render_files(bundle: Path, root: Path, features: list[str]) -> set[str]:
+    """The files of a project with these features, rendered from the template on disk."""
     (root / "home").mkdir()
-    features = ",".join(ALL_FEATURES)
-    sh([*DDP_NEW, "demo", "-y", "--data", f"features={features}"], root,
+    sh([*DDP_NEW, "demo", "-y", "--data", f"features={','.join(features)}"], root,
        HOME=str(root / "home"), DDP_NEW_BUNDLE=str(bundle))  # fmt: skip
     return project_files(root / "demo")
+
+
+@pytest.fixture(scope="module")
+def every_capability(this_tree: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    return render_files(this_tree[0], tmp_path_factory.mktemp("every-capability"), ALL_FEATURES)
+
+
+@pytest.fixture(scope="module")
+def lean_core(this_tree: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    return render_files(this_tree[0], tmp_path_factory.mktemp("lean-core"), [])
 
 
 def before_features(repo: Path) -> str | None:
@@ -789,24 +795,34 @@ def before_features(repo: Path) -> str | None:
     return parent.stdout.strip() or None
 
 
+# 0.1.0 to 0.3.x had none of the capabilities; 0.4.x, the last version without the features
+# question ("before features"), had all four as part of its core.
 @pytest.mark.parametrize(
-    ("source", "tool"),
+    ("source", "tool", "had"),
     [
-        ("0.3.0", "ddp-new"),
-        ("before features", "copier"),
-        pytest.param("0.3.0", "copier", marks=pytest.mark.slow),
-        pytest.param("before features", "ddp-new", marks=pytest.mark.slow),
+        ("0.1.0", "ddp-new", []),
+        ("before features", "copier", ALL_FEATURES),
+        pytest.param("0.3.0", "copier", [], marks=pytest.mark.slow),
+        pytest.param("0.4.0", "ddp-new", ALL_FEATURES, marks=pytest.mark.slow),
+        pytest.param("before features", "ddp-new", ALL_FEATURES, marks=pytest.mark.slow),
     ],
 )
-def test_a_project_from_before_features_keeps_every_capability(
-    source: str, tool: str, this_tree: tuple[Path, Path], every_capability: set[str], tmp_path: Path
+def test_a_project_from_before_features_keeps_the_capabilities_it_had(
+    source: str,
+    tool: str,
+    had: list[str],
+    this_tree: tuple[Path, Path],
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
 ) -> None:
-    """A project rendered before the features question existed has every capability: an update,
-    by ddp-new or by plain `copier update --defaults`, records all of them and keeps their files."""
+    """A project rendered before the features question existed gets, on an update by ddp-new or
+    by plain `copier update --defaults`, the capabilities its version had: it records them and
+    has their files, and no file of a capability its version lacked."""
     bundle, repo = this_tree
     commit = read_record(REPO)[source] if source[0].isdigit() else before_features(repo)
     if commit is None or sh(["git", "cat-file", "-t", commit], repo, check=False).returncode:
         pytest.skip(f"{source} is not in this clone's history")
+    expected = request.getfixturevalue("every_capability" if had else "lean_core")
     ref = f"v{source}" if source[0].isdigit() else commit
     home = tmp_path / "home"
     home.mkdir()
@@ -815,8 +831,7 @@ def test_a_project_from_before_features_keeps_every_capability(
     project = tmp_path / "demo"
     assert "features" not in answers(project)
     tools = {f"src/demo/{name}" for name in TOOLS}
-    if source == "before features":
-        assert tools <= project_files(project)  # it had them: they must stay
+    assert (tools <= project_files(project)) == bool(had)  # what its version had
     model = project / "src" / "demo" / "model.py"
     model.write_text(model.read_text() + "# user edit: keep me\n")
     commit_all(project, "User edit")
@@ -824,13 +839,14 @@ def test_a_project_from_before_features_keeps_every_capability(
     update = [*DDP_NEW, "update"] if tool == "ddp-new" else [*COPIER, "update", "--defaults"]
     proc = sh(update, project, check=False, **env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert answers(project)["features"] == ALL_FEATURES
+    assert answers(project)["features"] == had
     after = project_files(project)
-    # Every file of every capability, those the project had and those its version lacked; of
-    # its files, only those the template no longer has at all are gone (moved: sharded.py
-    # became fsdp.py), as in any update.
-    assert after == every_capability, sorted(after ^ every_capability)
-    assert tools <= after
+    # Every file of the capabilities it had, none of those it lacked; of its files, only those
+    # the template no longer has at all are gone (moved: sharded.py became fsdp.py), as in any
+    # update.
+    assert after == expected, sorted(after ^ expected)
+    optional = {"src/demo/fsdp.py", "src/demo/profiling.py", *tools}
+    assert (optional <= after) if had else not (optional & after), sorted(optional & after)
     assert git(project, "diff", "--name-only", "--diff-filter=U") == ""
     assert [p for p in after if _has_marker(project / p)] == []
     assert model.read_text().endswith("# user edit: keep me\n")
