@@ -78,8 +78,10 @@ class TrainState:
             _set_rng_state(state["rng"][rank], _device_of(self.model))
         else:
             dist.print0(
-                f"warning: the checkpoint has {state['world_size']} ranks, this run {world_size};"
-                " RNG states are not restored, so the run is not bitwise reproducible"
+                f"the checkpoint has {state['world_size']} ranks, this run {world_size}, with the"
+                " same global batch: the run continues as the uninterrupted one up to float"
+                " rounding (sums in another order); the per-rank RNG states are not restored,"
+                " which changes only random draws that keyed.py does not make"
             )
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
