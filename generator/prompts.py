@@ -98,6 +98,26 @@ def unasked(
     next update would lose it."""
     from jinja2 import TemplateError
 
+    answers = complete(questions, given, known, dst)
+    skipped = []
+    for key in given:
+        try:
+            question = questions.get(key)
+            if question and not _asked(question, answers) and given[key] != _default(question, answers):
+                skipped.append(key)
+        except (TemplateError, GeneratorError, ValueError):  # cannot tell here; copier decides
+            continue
+    return skipped
+
+
+def complete(
+    questions: dict[str, Question], given: dict[str, Any], known: dict[str, Any], dst: Path
+) -> dict[str, Any]:
+    """Every question's answer: `given`, else `known` (a project's recorded answers), else its
+    default, rendering into `dst`; with copier's settings that the expressions read. A default
+    that cannot be computed here is left out."""
+    from jinja2 import TemplateError
+
     answers = {**copier_context(dst), **known}  # copier's expressions see every recorded answer
     for question in questions.values():
         key = question.key
@@ -110,15 +130,7 @@ def unasked(
                 answers[key] = _default(question, answers)
             except (TemplateError, GeneratorError, ValueError):  # left out: `when` decides without it
                 continue
-    skipped = []
-    for key in given:
-        try:
-            question = questions.get(key)
-            if question and not _asked(question, answers) and given[key] != _default(question, answers):
-                skipped.append(key)
-        except (TemplateError, GeneratorError, ValueError):  # cannot tell here; copier decides
-            continue
-    return skipped
+    return answers
 
 
 def _asked(question: Question, answers: dict[str, Any]) -> bool:

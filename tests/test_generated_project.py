@@ -9,9 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import answers_of, python, render, run
+from conftest import REPO, answers_of, python, render, run
+from test_render import COMBINATIONS
 
-pytestmark = pytest.mark.slow
+from generator import prompts
+from generator.questions import Question, load_questions
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +33,7 @@ def check_run(out_dir: Path, steps: int) -> list[dict]:
     return train
 
 
+@pytest.mark.slow
 def test_one_process(project: Path, tmp_path: Path) -> None:
     package = answers_of(project)["package_name"]
     proc = run(python("-m", f"{package}.train", "--max-steps", "5", "--out-dir", tmp_path), cwd=project)
@@ -38,6 +41,7 @@ def test_one_process(project: Path, tmp_path: Path) -> None:
     check_run(tmp_path, 5)
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes(project: Path, tmp_path: Path) -> None:
     package = answers_of(project)["package_name"]
     cmd = python(
@@ -49,12 +53,11 @@ def test_torchrun_two_processes(project: Path, tmp_path: Path) -> None:
     check_run(tmp_path, 5)
 
 
-# The generated suite for answers that together take every value class the questions offer:
-# each precision, accumulation 1 and more (the suite's own tests must not assume 1 or 2), the
-# loggers (tensorboard, wandb, mlflow; none in the quickstart tests), the script launchers, none,
-# one alone, and the cluster launchers together (slurm, kubernetes); the language-model task; the
-# lean core (no features), every capability alone and all of them together (fsdp as the default
-# strategy).
+# The generated suite for answers that together take every value of every question that changes
+# what the suite runs (answer_values below checks them against copier.yml):
+# each precision, accumulation 1, 2 and 3 (the suite's own tests must not assume 1 or 2), each
+# logger, each launcher and none, both tasks (the image task: its own row below), the lean core
+# (no features), every capability alone and all of them together (fsdp as the default strategy).
 ALL_FEATURES = ["fsdp", "comm_hooks", "tools", "profiler"]
 LEAN = dict(precision="bf16", logger="wandb")
 SUITE_MATRIX = {
@@ -63,69 +66,141 @@ SUITE_MATRIX = {
     "all-features-fsdp-fp16-accum2-local": dict(
         features=ALL_FEATURES, strategy="fsdp", precision="fp16", grad_accum_steps=2, launchers=["local"]
     ),
-    "fp16-accum3-tensorboard-no-launchers": dict(
-        precision="fp16", grad_accum_steps=3, logger="tensorboard", launchers=[]
+    "comm-hooks-alone-fp16-accum3-tensorboard-no-launchers": dict(
+        features=["comm_hooks"], precision="fp16", grad_accum_steps=3, logger="tensorboard", launchers=[]
     ),
-    "fp32-accum2-slurm-kubernetes-mlflow": dict(
-        precision="fp32", grad_accum_steps=2, launchers=["slurm", "kubernetes"], logger="mlflow"
+    "fsdp-alone-fp32-accum2-slurm-kubernetes-mlflow": dict(
+        features=["fsdp"], strategy="fsdp", precision="fp32", grad_accum_steps=2,
+        launchers=["slurm", "kubernetes"], logger="mlflow",
     ),
     "lm-bf16-accum2-local-tools-profiler": dict(
         task="lm", precision="bf16", grad_accum_steps=2, launchers=["local"], features=["tools", "profiler"]
     ),
-    "fsdp-alone": dict(features=["fsdp"], strategy="fsdp", launchers=["local"]),
-    "comm-hooks-alone": dict(features=["comm_hooks"], launchers=["local"]),
     "tools-alone": dict(features=["tools"], launchers=["local"]),
     "profiler-alone": dict(features=["profiler"], launchers=["local"]),
-}
-# Rows that run part of the suite, to keep CI time down (two cores): the lean core runs all of
-# it, in two rows that two test processes (-n 2) take at once (test_faults.py is about half of
-# the time); every other row the tests that its answers change, so that each test
-# runs under the answers it depends on: the fsdp default's checkpoints and resume, DDP == one
-# process at fp16 and accumulation 3, a tracking logger (mlflow) and the Kubernetes launcher (the
-# scripts' tests: the lean rows), the language model, and each capability's own tests with that
-# capability alone (ruff for every row and more: tests/test_render.py).
+}  # fmt: skip
+# Every row runs the quick tests (-m "not slow") of its whole suite, so that every answer value is
+# proven by a green quick suite, and the files listed here whole (their slow tests too): the tests
+# that its answers change, so that each runs under the answers it depends on. The lean core's
+# two rows split its whole suite between them instead (test_faults.py is about half of its time),
+# so that two test processes (-n 2) take them at once, and no quick test runs twice on the same
+# answers. Besides: the fsdp default's checkpoints and resume; DDP == one process at fp16 and
+# accumulation 3; a tracking logger (mlflow) and the Kubernetes launcher (the scripts' tests: the
+# lean rows); the language model; and each capability's own tests with that capability alone.
+# A capability alone shares a row with values of other questions, so the rows stay few: each row
+# adds its quick suite (~115 s on one core for the lean core). ruff and the answers that change
+# only text (license, python_version, include_ci): tests/test_render.py.
+SPLIT = {"lean-bf16-accum1-all-launchers-wandb-faults", "lean-bf16-accum1-all-launchers-wandb-all-but-faults"}
 SUITE_SELECTION = {
     "lean-bf16-accum1-all-launchers-wandb-faults": ["tests/test_faults.py"],
     "lean-bf16-accum1-all-launchers-wandb-all-but-faults": ["--ignore=tests/test_faults.py"],
     "all-features-fsdp-fp16-accum2-local": ["tests/test_checkpoint.py", "tests/test_resume.py"],
-    "fp16-accum3-tensorboard-no-launchers": ["tests/test_config.py", "tests/test_distributed.py"],
-    "fp32-accum2-slurm-kubernetes-mlflow": ["tests/test_tracking.py", "tests/test_kubernetes.py"],
+    "comm-hooks-alone-fp16-accum3-tensorboard-no-launchers": [
+        "tests/test_config.py", "tests/test_distributed.py", "tests/test_comm_hooks.py",
+    ],
+    "fsdp-alone-fp32-accum2-slurm-kubernetes-mlflow": [
+        "tests/test_tracking.py", "tests/test_kubernetes.py", "tests/test_fsdp.py",
+    ],
     "lm-bf16-accum2-local-tools-profiler": [
         "tests/test_lm.py", "tests/test_hf.py", "tests/test_distributed.py", "tests/test_tools.py",
     ],
-    "fsdp-alone": ["tests/test_fsdp.py"],
-    "comm-hooks-alone": ["tests/test_comm_hooks.py"],
     "tools-alone": ["tests/test_tools.py", "tests/test_plot.py"],
     "profiler-alone": ["tests/test_profiler.py"],
 }  # fmt: skip
 
 
+def suite_commands(interpreter: str, selection: list[str], quick: bool) -> list[list[str]]:
+    """The pytest runs of a row: the quick tests of every file but the selected ones (when
+    `quick`), then the selected files whole."""
+    pytest_ = [interpreter, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"]
+    files = [item for item in selection if not item.startswith("-")]
+    commands = [[*pytest_, "-m", "not slow", *(f"--ignore={f}" for f in files)]] if quick else []
+    return [*commands, [*pytest_, *selection]]
+
+
+def run_suite(interpreter: str, project: Path, selection: list[str], quick: bool = True) -> list[str]:
+    """Run a row's tests in `project`; assert each run passed; return their outputs."""
+    outputs = []
+    for command in suite_commands(interpreter, selection, quick):
+        proc = run(command, cwd=project, timeout=2400)  # test_faults.py took over 1200 s under load
+        tail = proc.stdout[-6000:] + "\n--- stderr ---\n" + proc.stderr[-2000:]  # the summary, then logs
+        assert proc.returncode == 0, f"{' '.join(command[1:])}\n{tail}"
+        assert " passed" in proc.stdout and "no tests ran" not in proc.stdout, tail
+        outputs.append(proc.stdout)
+    return outputs
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("row", list(SUITE_MATRIX))
 def test_generated_test_suite_passes(template_dir: Path, tmp_path: Path, row: str) -> None:
     project = render(template_dir, tmp_path / "suite", **SUITE_MATRIX[row])
-    tests = SUITE_SELECTION.get(row, [])
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
-    proc = run(command, cwd=project, timeout=2400)  # test_faults.py took over 1200 s under load
-    tail = proc.stdout[-6000:] + "\n--- stderr ---\n" + proc.stderr[-2000:]  # the summary, then logs
-    assert proc.returncode == 0, tail
-    assert " passed" in proc.stdout and "no tests ran" not in proc.stdout, tail
+    run_suite(sys.executable, project, SUITE_SELECTION[row], quick=row not in SPLIT)
 
 
 # The image task needs torchvision, which must match torch's release: .ci/run makes a venv with
 # both (IMAGE_PYTHON); without one, this row is skipped.
 IMAGE_PYTHON = os.environ.get("IMAGE_PYTHON", "")
+IMAGE_ANSWERS = dict(task="image", launchers=["local"])
 IMAGE_TESTS = [
     "tests/test_images.py", "tests/test_distributed.py", "tests/test_train.py", "tests/test_config.py",
     "tests/test_resume.py", "tests/test_randomness.py", "tests/test_errors.py",
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not IMAGE_PYTHON, reason="IMAGE_PYTHON: a Python with torch and torchvision")
 def test_image_project_suite_passes(template_dir: Path, tmp_path: Path) -> None:
-    project = render(template_dir, tmp_path / "images", task="image", launchers=["local"])
-    command = [IMAGE_PYTHON, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *IMAGE_TESTS]
-    proc = run(command, cwd=project, timeout=2400)
-    tail = proc.stdout[-6000:] + "\n--- stderr ---\n" + proc.stderr[-2000:]
-    assert proc.returncode == 0, tail
-    skipped = [line for line in proc.stdout.splitlines() if line.startswith("SKIPPED")]
-    assert " passed" in proc.stdout and not any("test_images" in s for s in skipped), tail
+    project = render(template_dir, tmp_path / "images", **IMAGE_ANSWERS)
+    outputs = run_suite(IMAGE_PYTHON, project, IMAGE_TESTS)
+    skipped = [line for out in outputs for line in out.splitlines() if line.startswith("SKIPPED")]
+    assert not any("test_images" in s for s in skipped), skipped
+
+
+# ---------------------------------------------------------------- every answer value in a row
+# Questions whose answers change only text (LICENSE, pyproject.toml, ruff's target version, the
+# CI workflow), never what a test runs: tests/test_render.py renders and lints each value.
+TEXT_ONLY = {"license", "python_version", "include_ci"}
+# An integer question's values that a row must take: the least, and one that divides no batch.
+INT_VALUES = {"grad_accum_steps": [1, 2, 3]}
+
+
+def answer_values(question: Question) -> list:
+    """The values of a question that the rows must take: each choice (and none of a multiple
+    choice), yes and no, INT_VALUES; none for free text (a name, a year)."""
+    if question.type == "bool":
+        return [True, False]
+    if question.type == "int":
+        return INT_VALUES[question.key]  # a new integer question: say which values prove it
+    if question.multiselect:
+        return [*question.choices, []]
+    return list(question.choices)
+
+
+def takes(answers: dict, key: str, value: object) -> bool:
+    """Whether `answers` give `key` the value `value` (one of a multiple choice's items)."""
+    answer = answers.get(key)
+    if isinstance(answer, list) and value != []:
+        return value in answer
+    return answer == value
+
+
+def test_every_answer_value_has_a_green_suite_in_ci() -> None:
+    """Each value of each question that changes what the suite runs is some row's answer (with
+    the defaults for what the row leaves out), so CI runs that row's suite, its quick tests at
+    least; each value that changes only text is rendered and linted by tests/test_render.py."""
+    questions = load_questions(REPO)
+    with prompts.new_destination() as dst:
+        rows = {
+            name: prompts.complete(questions, given, {}, dst)
+            for name, given in [*SUITE_MATRIX.items(), ("image", IMAGE_ANSWERS)]
+        }
+        renders = [prompts.complete(questions, given, {}, dst) for given in COMBINATIONS.values()]
+    assert set(SUITE_SELECTION) == set(SUITE_MATRIX) and SPLIT <= set(SUITE_MATRIX)
+    assert TEXT_ONLY <= set(questions)
+    missing = [
+        f"{key}={value!r}"
+        for key, question in questions.items()
+        for value in answer_values(question)
+        if not any(takes(answers, key, value) for answers in (renders if key in TEXT_ONLY else rows.values()))
+    ]
+    assert missing == [], "no CI row takes these answers: add them to SUITE_MATRIX (or COMBINATIONS)"
