@@ -4,19 +4,23 @@ torch's dropout draws its masks from the generator of the process that runs it, 
 mask depends on the rank and micro-batch that hold it, and 2 ranks would not compute what one
 process computes. Here a draw is a hash of what it is for: a dropout mask, of (--seed, the step,
 the sample's place in the global batch, the module, the element); augmentation, of (--seed, the
-epoch, the sample's index). train.py turns every nn.Dropout into a KeyedDropout, and step.py runs
-each micro-batch inside batch(). F.dropout or torch.rand in a forward are not keyed.
+epoch, the sample's index). train.py turns torch's dropout modules into KeyedDropouts, checks
+the model (check(): a layout that would be keyed wrongly is refused, the draws that cannot be
+keyed are named), and step.py runs each micro-batch inside batch(). F.dropout or torch.rand in a
+forward, and the dropout inside nn.MultiheadAttention or an RNN, are not keyed.
 
 The hash is int64 arithmetic on the tensor's device: every operand stays below 2^31 (masked after
 each multiply), so no product overflows, and a CPU and a GPU compute the same bits.
 """
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 MASK = 0x7FFFFFFF  # 31 bits
 
@@ -53,45 +57,246 @@ def generator(seed: int, epoch: int, index: int) -> torch.Generator:
     return torch.Generator().manual_seed(mix(mix(seed & MASK, epoch & MASK), index & MASK))
 
 
-class KeyedDropout(nn.Module):
-    """nn.Dropout(p) with keyed masks; `site` tells a model's dropouts apart.
+# torch's dropout modules that are keyed: (one draw per channel, alpha dropout, torch's function)
+KINDS: dict[type, tuple[bool, bool, Callable[..., Tensor]]] = {
+    nn.Dropout: (False, False, F.dropout),
+    nn.Dropout1d: (True, False, F.dropout1d),
+    nn.Dropout2d: (True, False, F.dropout2d),
+    nn.Dropout3d: (True, False, F.dropout3d),
+    nn.AlphaDropout: (False, True, F.alpha_dropout),
+    nn.FeatureAlphaDropout: (True, True, F.feature_alpha_dropout),
+}
+ALPHA = 1.7580993408473766  # SELU's -scale * alpha: what alpha dropout sets a dropped element to
 
-    An element is dropped where the hash of (its sample's key, site, its index in the sample) is
-    below p 2^31; the kept ones are scaled by 1 / (1 - p). Dim 0 of the input is the batch, and a
-    sample has fewer than 2^31 elements. Outside batch() it is torch's dropout, not keyed.
+
+class LayoutError(ValueError):
+    """A dropout whose input does not hold the batch in dim 0: its masks would be keyed wrongly."""
+
+
+class KeyedDropout(nn.Module):
+    """nn.Dropout(p) with keyed masks; `site` tells a model's dropouts apart; `kind`: the module
+    it replaces, one of KINDS (Dropout1d/2d/3d: a draw per channel of an (N, C, ...) input).
+
+    An element (a channel) is dropped where the hash of (its sample's key, site, its index in
+    the sample) is below p 2^31; the kept ones are scaled by 1 / (1 - p) (alpha dropout: as
+    torch does). Dim 0 of the input is the batch, and a sample has fewer than 2^31 elements.
+    Outside batch() it is torch's dropout, not keyed.
     """
 
-    def __init__(self, p: float, site: int) -> None:
+    def __init__(self, p: float, site: int, kind: type = nn.Dropout) -> None:
         super().__init__()
-        self.p, self.site = p, site
+        self.p, self.site, self.kind = p, site, kind.__name__
+        self.per_channel, self.alpha, self.unkeyed = KINDS[kind]
         self.keys: Tensor | None = None  # the micro-batch's sample keys, set by batch()
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, site={self.site}, kind={self.kind}"
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0:
             return x
         if self.keys is None:
-            return F.dropout(x, self.p)
+            return self.unkeyed(x, self.p, True)
         if len(x) != len(self.keys):
-            raise ValueError(f"KeyedDropout: dim 0 of a {tuple(x.shape)} input is not the batch")
+            raise LayoutError(f"KeyedDropout: dim 0 of a {tuple(x.shape)} input is not the batch")
+        # One draw per element, or per channel (dim 1) broadcast over the rest of a sample.
+        shape = x.shape[:2] if self.per_channel else x.shape
         # A hash per sample (its key, the site) and one per element of a sample (its index,
         # the site), mixed together: one round per element, where hashing each element from
         # scratch would take two.
-        rows = mix(self.keys, self.site).view(-1, *[1] * (x.dim() - 1))
-        places = mix(self.site, torch.arange(x[0].numel(), device=x.device)).view(x.shape[1:])
-        keep = mix(rows, places, rounds=1) >= int(self.p * (MASK + 1))
+        rows = mix(self.keys, self.site).view(-1, *[1] * (len(shape) - 1))
+        places = mix(self.site, torch.arange(shape[1:].numel(), device=x.device))
+        keep = mix(rows, places.view(shape[1:]), rounds=1) >= int(self.p * (MASK + 1))
+        keep = keep.view(*shape, *[1] * (x.dim() - len(shape)))
+        if self.alpha:  # a * x + b where kept, else a * (-ALPHA) + b: mean and variance kept
+            a = ((ALPHA * ALPHA * self.p + 1) * (1 - self.p)) ** -0.5
+            return torch.where(keep, x * a + ALPHA * a * self.p, ALPHA * a * (self.p - 1))
         # x / (1 - p) where kept, else 0; the division in place costs one tensor less. The
         # backward keeps the mask as bools: a quarter of a float32 mask's memory.
         return x.mul(keep).div_(1 - self.p)
 
 
 def convert_dropout(model: nn.Module) -> nn.Module:
-    """Replace every nn.Dropout(p > 0) in `model` by a KeyedDropout, their sites numbered in
-    the model's order (as nn.SyncBatchNorm.convert_sync_batchnorm does for BatchNorm)."""
-    plain = [name for name, m in model.named_modules() if type(m) is nn.Dropout and m.p > 0]
+    """Replace every dropout module of KINDS (p > 0) in `model` by a KeyedDropout, their sites
+    numbered in the model's order (as nn.SyncBatchNorm.convert_sync_batchnorm does for
+    BatchNorm)."""
+    plain = [name for name, m in model.named_modules() if type(m) in KINDS and m.p > 0]
     for site, name in enumerate(plain):
         parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent), child, KeyedDropout(model.get_submodule(name).p, site))
+        old = model.get_submodule(name)
+        new = KeyedDropout(old.p, site, type(old)).train(old.training)
+        setattr(model.get_submodule(parent), child, new)
     return model
+
+
+def check(model: nn.Module, example: Tensor) -> str:
+    """Refuse (LayoutError) a model whose KeyedDropouts would be keyed by something else than
+    the sample; return a line naming the random draws in its training forward that are not
+    keyed ('' if none). `example`: one input sample, on the model's device.
+
+    Seen from the modules: a layer with batch_first=False holding a KeyedDropout (refused),
+    nn.MultiheadAttention's dropout (drawn inside its attention kernel: keying it would mean
+    computing attention without the fused kernels), an RNN's dropout between layers, dropout
+    modules of other classes. Seen by running the model in training mode on 2 and then 3 copies
+    of `example` (no gradient; random state and buffers restored): a KeyedDropout whose input's
+    dim 0 is not the batch (refused), and random functions that the forward calls (F.dropout,
+    torch.rand, ...). A code path that these two forwards do not take is not seen.
+    """
+    for name, module in model.named_modules():
+        layer = isinstance(module, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer))
+        batch_first = getattr(module.self_attn if layer else module, "batch_first", None)
+        if batch_first is False and any(isinstance(m, KeyedDropout) for m in module.modules()):
+            raise LayoutError(
+                f"{name or 'the model'} ({type(module).__name__}) has batch_first=False: its"
+                " dropout would be keyed by position in the sequence, not by sample; build it"
+                " with batch_first=True and give it (batch, sequence, features) inputs"
+            )
+    called = probe(model, example)
+    names: dict[str, list[str]] = {}  # what is drawn: the modules that draw it, in model order
+    for name, module in model.named_modules():
+        what = unkeyed_module(module) or called.get(name)
+        if what:
+            names.setdefault(what, []).append(name or "the model")
+    if not names:
+        return ""
+    listed = "; ".join(f"{what} ({', '.join(few(where))})" for what, where in names.items())
+    return (
+        f"random draws that are not keyed: {listed}. So 2 ranks do not compute what 1 process"
+        " computes, and a resume on another world size is not exact (docs/testing.md)"
+    )
+
+
+def few(names: list[str], shown: int = 3) -> list[str]:
+    """The first `shown` names, and how many more."""
+    more = [f"{len(names) - shown} more"] if len(names) > shown else []
+    return names[:shown] + more
+
+
+def unkeyed_module(module: nn.Module) -> str:
+    """What `module` draws at random in training that is not keyed; '' if nothing."""
+    kind = type(module).__name__
+    if isinstance(module, nn.MultiheadAttention) and module.dropout > 0:
+        return f"{kind}'s dropout of the attention weights"
+    if isinstance(module, nn.RNNBase) and module.dropout > 0 and module.num_layers > 1:
+        return f"{kind}'s dropout between layers"
+    if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
+        return f"{kind}, a dropout module that is not keyed"
+    if isinstance(module, nn.RReLU):
+        return f"{kind}'s random slopes"
+    return ""
+
+
+# Functions that draw at random whatever their arguments.
+DRAW = {
+    *("rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "randperm"),
+    *("bernoulli", "bernoulli_", "multinomial", "normal", "normal_", "poisson", "uniform_"),
+    *("random_", "exponential_", "geometric_", "cauchy_", "log_normal_", "gumbel_softmax"),
+}
+# Functions that draw only in training with a share p > 0: (p's position and name, or None:
+# no p; training's position and names, or None: always in training; training's default).
+Argument = tuple[int, tuple[str, ...]] | None
+DRAW_IF: dict[str, tuple[Argument, Argument, bool]] = {
+    **{n: ((1, ("p",)), (2, ("training", "train")), True) for n in ("dropout", "dropout1d")},
+    **{n: ((1, ("p",)), (2, ("training", "train")), True) for n in ("dropout2d", "dropout3d")},
+    "feature_dropout": ((1, ("p",)), (2, ("train",)), True),
+    "alpha_dropout": ((1, ("p",)), (2, ("training", "train")), False),
+    "feature_alpha_dropout": ((1, ("p",)), (2, ("training", "train")), False),
+    "scaled_dot_product_attention": ((4, ("dropout_p",)), None, True),
+    "multi_head_attention_forward": ((10, ("dropout_p",)), (13, ("training",)), True),
+    "rrelu": (None, (3, ("training",)), False),
+}
+
+
+def draws(name: str, args: tuple, kwargs: dict) -> bool:
+    """Whether a call of the torch function `name` with these arguments draws at random."""
+    if name in DRAW:
+        return True
+    if name not in DRAW_IF:
+        return False
+    p, training, by_default = DRAW_IF[name]
+
+    def value(argument: Argument, default: object) -> object:
+        if argument is None:
+            return default
+        at, names = argument
+        given = [kwargs[n] for n in names if n in kwargs]
+        return given[0] if given else args[at] if at < len(args) else default
+
+    return bool(value(training, by_default)) and float(value(p, 0.5)) > 0  # type: ignore[arg-type]
+
+
+class Draws(TorchFunctionMode):
+    """Notes the torch functions that draw at random, with the innermost module running."""
+
+    def __init__(self, running: list[tuple[str, nn.Module]]) -> None:
+        super().__init__()
+        self.running = running
+        self.found: dict[str, list[str]] = {}  # module name: the functions it called
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if self.running and draws(name, args, kwargs):
+            called = self.found.setdefault(self.running[-1][0], [])
+            if name not in called:
+                called.append(name)
+        return func(*args, **kwargs)
+
+
+def probe(model: nn.Module, example: Tensor) -> dict[str, str]:
+    """Run `model` in training mode on 2, then 3 copies of `example`: raise LayoutError for a
+    KeyedDropout whose input's dim 0 is not the batch; return the modules that called a
+    random function (name: what). Random state, buffers and modes are restored; BatchNorm runs
+    in evaluation mode. {} if the model cannot run on so small a batch."""
+    running: list[tuple[str, nn.Module]] = []  # the modules in their forward, innermost last
+    batch_size = 0
+
+    def enter(name: str, module: nn.Module, inputs: tuple) -> None:
+        running.append((name, module))
+        x = inputs[0] if inputs else None
+        if isinstance(module, KeyedDropout) and isinstance(x, Tensor) and len(x) != batch_size:
+            raise LayoutError(
+                f"{name} (KeyedDropout, from nn.{module.kind}) gets a {tuple(x.shape)} input from"
+                f" a batch of {batch_size}: dim 0 is not the batch, so its masks would be keyed"
+                " by something else than the sample; give it the batch in dim 0"
+            )
+
+    def leave(*_: object) -> None:
+        running.pop()
+
+    modes = {m: m.training for m in model.modules()}
+    buffers = [(b, b.clone()) for b in model.buffers()]
+    hooks = []
+    for name, module in model.named_modules():
+        hooks.append(module.register_forward_pre_hook(functools.partial(enter, name)))
+        hooks.append(module.register_forward_hook(leave, always_call=True))
+    model.train()
+    for module in model.modules():  # nothing random, and statistics that must not change
+        if isinstance(module, nn.modules.batchnorm._NormBase):
+            module.eval()
+    found = Draws(running)
+    device = example.device
+    try:
+        with torch.no_grad(), torch.random.fork_rng([device] if device.type == "cuda" else []):
+            for batch_size in (2, 3):
+                inputs = example.unsqueeze(0).repeat(batch_size, *[1] * example.dim())
+                with batch(model, 0, 0, range(batch_size), device), found:
+                    model(inputs)
+    except LayoutError:
+        raise
+    except Exception:  # it needs another input: training will say what is wrong
+        return {}
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for module, training in modes.items():
+            module.train(training)
+        for tensor, saved in buffers:
+            tensor.copy_(saved)
+    return {
+        name: f"{', '.join(f'{f}()' for f in called)} in {type(model.get_submodule(name)).__name__}"
+        for name, called in found.found.items()
+    }
 
 
 @contextmanager
