@@ -76,5 +76,10 @@ def test_update_from_the_first_release_runs_its_migrations(tmp_path: Path) -> No
     # The 0.2.0 migration merged the edit into the file's new name.
     assert not config.exists()
     assert "seed = 7  # mine" in (project / "configs" / "example.toml").read_text()
-    recorded = yaml.safe_load((project / ".copier-answers.yml").read_text())["_commit"]
-    assert recorded.startswith("v"), recorded  # a release, or vX.Y.Z.postN+git-gHASH between releases
+    recorded = yaml.safe_load((project / ".copier-answers.yml").read_text())
+    # A release, or vX.Y.Z.postN+git-gHASH between releases.
+    assert recorded["_commit"].startswith("v"), recorded["_commit"]
+    # 0.1.0 had none of the optional capabilities (features): the update adds none of them.
+    assert recorded["features"] == [] and "strategy" not in recorded, recorded
+    optional = {"fsdp.py", "comm_hooks.py", "check_sync.py", "doctor.py", "plot.py", "profiling.py"}
+    assert optional.isdisjoint(path.name for path in (project / "src" / "proj").iterdir())
