@@ -4,10 +4,10 @@ torch's dropout draws its masks from the generator of the process that runs it, 
 mask depends on the rank and micro-batch that hold it, and 2 ranks would not compute what one
 process computes. Here a draw is a hash of what it is for: a dropout mask, of (--seed, the step,
 the sample's place in the global batch, the module, the element); augmentation, of (--seed, the
-epoch, the sample's index). train.py turns torch's dropout modules into KeyedDropouts, checks
-the model (check(): a layout that would be keyed wrongly is refused, the draws that cannot be
-keyed are named), and step.py runs each micro-batch inside batch(). F.dropout or torch.rand in a
-forward, and the dropout inside nn.MultiheadAttention or an RNN, are not keyed.
+epoch, the sample's index). train.py turns torch's dropout modules into KeyedDropouts and checks
+the model (check_dropout: a layout that would be keyed wrongly is refused, the draws that cannot
+be keyed are named once), and step.py runs each micro-batch inside batch(). F.dropout or
+torch.rand in a forward, and the dropout inside nn.MultiheadAttention or an RNN, are not keyed.
 
 The hash is int64 arithmetic on the tensor's device: every operand stays below 2^31 (masked after
 each multiply), so no product overflows, and a CPU and a GPU compute the same bits.
@@ -129,7 +129,7 @@ def convert_dropout(model: nn.Module) -> nn.Module:
     return model
 
 
-def check(model: nn.Module, example: Tensor) -> str:
+def check_dropout(model: nn.Module, example: Tensor) -> str:
     """Refuse (LayoutError) a model whose KeyedDropouts would be keyed by something else than
     the sample; return a line naming the random draws in its training forward that are not
     keyed ('' if none). `example`: one input sample, on the model's device.
@@ -192,18 +192,17 @@ DRAW = {
     *("bernoulli", "bernoulli_", "multinomial", "normal", "normal_", "poisson", "uniform_"),
     *("random_", "exponential_", "geometric_", "cauchy_", "log_normal_", "gumbel_softmax"),
 }
-# Functions that draw only in training with a share p > 0: (p's position and name, or None:
-# no p; training's position and names, or None: always in training; training's default).
-Argument = tuple[int, tuple[str, ...]] | None
-DRAW_IF: dict[str, tuple[Argument, Argument, bool]] = {
-    **{n: ((1, ("p",)), (2, ("training", "train")), True) for n in ("dropout", "dropout1d")},
-    **{n: ((1, ("p",)), (2, ("training", "train")), True) for n in ("dropout2d", "dropout3d")},
-    "feature_dropout": ((1, ("p",)), (2, ("train",)), True),
-    "alpha_dropout": ((1, ("p",)), (2, ("training", "train")), False),
-    "feature_alpha_dropout": ((1, ("p",)), (2, ("training", "train")), False),
-    "scaled_dot_product_attention": ((4, ("dropout_p",)), None, True),
-    "multi_head_attention_forward": ((10, ("dropout_p",)), (13, ("training",)), True),
-    "rrelu": (None, (3, ("training",)), False),
+# Functions that draw only in training with a share p > 0: where p and training are given
+# (position, names, default), or None: no such argument (p: always draws; training: always on).
+Argument = tuple[int, tuple[str, ...], object] | None
+TRAINING, TRAIN = (2, ("training", "train"), True), (2, ("training", "train"), False)
+DRAW_IF: dict[str, tuple[Argument, Argument]] = {
+    **{n: ((1, ("p",), 0.5), TRAINING) for n in ("dropout", "dropout1d", "dropout2d")},
+    **{n: ((1, ("p",), 0.5), TRAINING) for n in ("dropout3d", "feature_dropout")},
+    **{n: ((1, ("p",), 0.5), TRAIN) for n in ("alpha_dropout", "feature_alpha_dropout")},
+    "scaled_dot_product_attention": ((4, ("dropout_p",), 0.0), None),
+    "multi_head_attention_forward": ((10, ("dropout_p",), 0.0), (13, ("training",), True)),
+    "rrelu": (None, (3, ("training",), False)),
 }
 
 
@@ -213,16 +212,16 @@ def draws(name: str, args: tuple, kwargs: dict) -> bool:
         return True
     if name not in DRAW_IF:
         return False
-    p, training, by_default = DRAW_IF[name]
 
-    def value(argument: Argument, default: object) -> object:
+    def value(argument: Argument) -> object:
         if argument is None:
-            return default
-        at, names = argument
+            return True
+        at, names, default = argument
         given = [kwargs[n] for n in names if n in kwargs]
         return given[0] if given else args[at] if at < len(args) else default
 
-    return bool(value(training, by_default)) and float(value(p, 0.5)) > 0  # type: ignore[arg-type]
+    p, training = DRAW_IF[name]
+    return bool(value(training)) and float(value(p)) > 0  # type: ignore[arg-type]
 
 
 class Draws(TorchFunctionMode):
