@@ -17,7 +17,7 @@ from typing import Any, NoReturn, Self, TextIO
 import torch.distributed as torch_dist
 
 from . import dist
-from .loading import DataError
+from .loading import DataError, worker_lost
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
 
@@ -169,6 +169,7 @@ def collective_failed(err: BaseException) -> bool:
 def fail(err: BaseException, env: dist.DistEnv, timeout_s: int) -> NoReturn:
     """An exception escaped training: re-raise it with one process; with several, print it and
     exit 1 at once. A sample that cannot be read (DataError): one line naming it."""
+    err = worker_lost(err)  # a loader worker killed: one line too
     if isinstance(err, DataError):
         print(f"error: rank {env.rank}: {err}", file=sys.stderr)
         if env.world_size == 1:
