@@ -40,19 +40,32 @@ def store(world_size: int, timeout: timedelta) -> torch_dist.Store | None:
 @contextlib.contextmanager
 def one_line_failures(world_size: int, timeout_s: int) -> Iterator[None]:
     """Around creating the process group: torch's failure to meet becomes a ConfigError, one
-    line. torch's C++ code also logs every failed attempt, with stack frames, straight to file
-    descriptor 2: held in a temporary file meanwhile, and written out unless it was that."""
+    line, without the C++ log lines of the attempts (held_log)."""
     if "RANK" not in os.environ:  # one process: nothing to meet
         yield
         return
+    failures = (torch_dist.DistNetworkError, torch_dist.DistStoreError)
+    try:
+        with held_log(failures):
+            yield
+    except failures as err:
+        raise ConfigError(problem(err, world_size, timeout_s)) from None
+
+
+@contextlib.contextmanager
+def held_log(failures: tuple[type[BaseException], ...]) -> Iterator[None]:
+    """torch's C++ code logs every failed attempt to meet, with stack frames, straight to file
+    descriptor 2: held in a temporary file meanwhile, and written out unless one of `failures`
+    ended the block (the caller says it in one line)."""
     sys.stderr.flush()
-    saved, failed = os.dup(2), ""
+    saved, failed = os.dup(2), False
     with tempfile.TemporaryFile() as held:
         os.dup2(held.fileno(), 2)
         try:
             yield
-        except (torch_dist.DistNetworkError, torch_dist.DistStoreError) as err:
-            failed = problem(err, world_size, timeout_s)
+        except failures:
+            failed = True
+            raise
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)
@@ -60,8 +73,6 @@ def one_line_failures(world_size: int, timeout_s: int) -> Iterator[None]:
             if not failed:
                 held.seek(0)
                 os.write(2, held.read())
-    if failed:
-        raise ConfigError(failed)
 
 
 def endpoint() -> str:
