@@ -289,9 +289,10 @@ def probe(model: nn.Module, example: Tensor) -> dict[str, str]:
         for hook in hooks:
             hook.remove()
         for module, training in modes.items():
-            module.train(training)
-        for tensor, saved in buffers:
-            tensor.copy_(saved)
+            module.training = training
+        with torch.no_grad():
+            for tensor, saved in buffers:
+                tensor.copy_(saved)
     return {
         name: f"{', '.join(f'{f}()' for f in called)} in {type(model.get_submodule(name)).__name__}"
         for name, called in found.found.items()
