@@ -6,6 +6,7 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -112,7 +113,7 @@ SUITE_SELECTION = {
 def suite_commands(interpreter: str, selection: list[str], quick: bool) -> list[list[str]]:
     """The pytest runs of a row: the quick tests of every file but the selected ones (when
     `quick`), then the selected files whole."""
-    pytest_ = [interpreter, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"]
+    pytest_ = [interpreter, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider"]
     files = [item for item in selection if not item.startswith("-")]
     commands = [[*pytest_, "-m", "not slow", *(f"--ignore={f}" for f in files)]] if quick else []
     return [*commands, [*pytest_, *selection]]
@@ -122,7 +123,9 @@ def run_suite(interpreter: str, project: Path, selection: list[str], quick: bool
     """Run a row's tests in `project`; assert each run passed; return their outputs."""
     outputs = []
     for command in suite_commands(interpreter, selection, quick):
+        start = time.monotonic()
         proc = run(command, cwd=project, timeout=2400)  # test_faults.py took over 1200 s under load
+        print(f"{' '.join(command[7:])}: {time.monotonic() - start:.0f} s")  # what each part costs
         tail = proc.stdout[-6000:] + "\n--- stderr ---\n" + proc.stderr[-2000:]  # the summary, then logs
         assert proc.returncode == 0, f"{' '.join(command[1:])}\n{tail}"
         assert " passed" in proc.stdout and "no tests ran" not in proc.stdout, tail
