@@ -186,3 +186,18 @@ def test_step_bench_times_every_variant_on_both_ranks(tmp_path: Path) -> None:
         assert all(len(ms) == 2 and min(ms) > 0 for ms in times["ms"].values())
         assert times["median_ratio"]["same-work"] == 1.0
         assert all(math.isfinite(r) and r > 0 for r in times["median_ratio"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("IMAGE_PYTHON"), reason="IMAGE_PYTHON: a Python with torchvision")
+def test_batchnorm_bench_compares_two_ranks_with_one_process(tmp_path: Path) -> None:
+    """python -m bench.batchnorm, tiny: float64 agrees to rounding; every figure is reported."""
+    out = tmp_path / "batchnorm.json"
+    cmd = [os.environ["IMAGE_PYTHON"], "-m", "bench.batchnorm", "--models", "resnet18", "--image-size", "16"]
+    cmd += ["--batch", "4", "--steps", "1", "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    figures = json.loads(out.read_text())["results"]["resnet18"]
+    assert figures["float64"]["state_gap"][0] < 1e-10
+    assert figures["float32"]["relu_inputs"] > 0 and "one_process_vs_float64" in figures["float32"]
