@@ -114,7 +114,7 @@ def suite_commands(interpreter: str, selection: list[str], quick: bool) -> list[
     """The pytest runs of a row: the quick tests of every file but the selected ones (when
     `quick`), then the selected files whole."""
     pytest_ = [interpreter, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider"]
-    files = [item for item in selection if not item.startswith("-")]
+    files = [item.split("::")[0] for item in selection if not item.startswith("-")]
     commands = [[*pytest_, "-m", "not slow", *(f"--ignore={f}" for f in files)]] if quick else []
     return [*commands, [*pytest_, *selection]]
 
@@ -146,7 +146,8 @@ IMAGE_PYTHON = os.environ.get("IMAGE_PYTHON", "")
 IMAGE_ANSWERS = dict(task="image", launchers=["local"])
 IMAGE_TESTS = [
     "tests/test_images.py", "tests/test_distributed.py", "tests/test_train.py", "tests/test_config.py",
-    "tests/test_resume.py", "tests/test_randomness.py", "tests/test_errors.py",
+    "tests/test_resume.py", "tests/test_randomness.py", "tests/test_errors.py", "tests/test_batchnorm.py",
+    "tests/test_faults.py::test_resume_on_another_world_size_with_the_same_global_batch",
 ]  # fmt: skip
 
 
