@@ -99,20 +99,9 @@ def stray_temps(directory: Path) -> list[Path]:
     found = []
     for path in directory.iterdir() if directory.is_dir() else []:
         match = pattern.search(path.name)
-        if match and not alive(int(match[1])):
+        if match and not lock.pid_exists(int(match[1])):
             found.append(path)
     return found
-
-
-def alive(pid: int) -> bool:
-    """Whether process `pid` exists on this host (signal 0 only checks)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        pass
-    return True
 
 
 def stat_of(file: Path | int) -> dict[str, int]:

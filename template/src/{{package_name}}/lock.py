@@ -117,7 +117,7 @@ def stale_reason(holder: dict[str, Any] | None, age: float, me: dict[str, Any]) 
             return what
     pid = holder.get("pid")
     if same_pids(holder, me):
-        if not _pid_exists(pid):
+        if not pid_exists(pid):
             return f"process {pid} is gone"
         recorded, now = holder.get("process_start"), process_start(pid)
         if recorded and now and now != recorded:  # /proc on both sides: not the same process
@@ -129,7 +129,8 @@ def stale_reason(holder: dict[str, Any] | None, age: float, me: dict[str, Any]) 
     return heartbeat_stopped
 
 
-def _pid_exists(pid: Any) -> bool:
+def pid_exists(pid: Any) -> bool:
+    """Whether process `pid` exists on this host (signal 0 only checks)."""
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:
