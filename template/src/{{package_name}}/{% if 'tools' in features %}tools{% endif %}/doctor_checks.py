@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from . import dist
+from ..engine import dist
 
 # Peak one-way NVLink bandwidth per GPU of these GPUs (SXM boards), in GB/s: links x GB/s each.
 NVLINK_GBPS = {"V100": 150, "A100": 300, "A800": 200, "H100": 450, "H800": 200, "H200": 450}

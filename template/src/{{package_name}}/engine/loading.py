@@ -4,14 +4,18 @@ A dataset may return a whole micro-batch from `__getitems__(indices)` as a Batch
 instead of B small reads and a collate, which made the loader, not the GPU, the bottleneck.
 """
 
+import math
+import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, default_collate
 
-from .config import TrainConfig, global_batch
+from .config import RunConfig, global_batch
 from .dist import DistEnv
+from .options import ConfigError
 from .state import Progress
 
 
@@ -72,6 +76,13 @@ class ResumableSampler(DistributedSampler):
             self.dataset.set_epoch(epoch)
         self.start = start
 
+    def places(self, micro: int, batch_size: int) -> range:
+        """Where this rank's samples of micro-batch `micro` stand in their step's global batch,
+        which keys their random draws (keyed.py): rank r takes every W-th position from r, so
+        sample j of micro-batch m is at (m B + j) W + r, on any world size and split."""
+        W, r, B = self.num_replicas, self.rank, batch_size
+        return range(micro * B * W + r, (micro + 1) * B * W + r, W)
+
     def __iter__(self) -> Iterator[int]:
         return iter(list(super().__iter__())[self.start // self.num_replicas :])
 
@@ -80,12 +91,50 @@ class ResumableSampler(DistributedSampler):
 
 
 def build_train_loader(
-    dataset: Dataset, cfg: TrainConfig, env: DistEnv, device: torch.device
+    dataset: Dataset, cfg: RunConfig, env: DistEnv, device: torch.device
 ) -> tuple[DataLoader, ResumableSampler]:
     """Per-rank loader of micro-batches of --batch-size samples, whole global batches per epoch."""
     size = global_batch(cfg, env.world_size)
     sampler = ResumableSampler(dataset, env, seed=cfg.seed, global_batch=size)
     return _loader(dataset, cfg, device, sampler=sampler), sampler
+
+
+def build_windows(
+    dataset: Dataset, cfg: RunConfig, env: DistEnv, device: torch.device
+) -> "Windows":
+    """The training set's optimizer steps, as windows of micro-batches (Windows)."""
+    loader, sampler = build_train_loader(dataset, cfg, env, device)
+    return Windows(loader, sampler, cfg.grad_accum_steps)
+
+
+def check_global_batch(samples: int, cfg: RunConfig, world_size: int) -> None:
+    """An epoch reads whole global batches: a training set smaller than one is a ConfigError
+    (one line, before the process group exists), whatever the task's datasets are."""
+    size = global_batch(cfg, world_size)
+    if samples < size:
+        raise ConfigError(
+            f"the training set's {samples} samples are less than one global batch (--batch-size"
+            f" x --grad-accum-steps x world size = {size}); use more data or a smaller batch"
+        )
+
+
+def copies(sample: Any, count: int, device: torch.device) -> Any:
+    """A batch of `count` copies of one sample (0: an empty batch of its shapes), on `device`,
+    for the checks and set-up that run the model before training (task.loss takes it)."""
+    batch = collate([sample] * max(count, 1))
+    return to_device(_first(batch, count), device)
+
+
+def _first(batch: Any, count: int) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch[:count]
+    if isinstance(batch, dict):
+        return {key: _first(value, count) for key, value in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_first(value, count) for value in batch))
+    if isinstance(batch, list | tuple):
+        return type(batch)(_first(value, count) for value in batch)
+    return batch
 
 
 def eval_shard(num_samples: int, env: DistEnv) -> range:
@@ -95,19 +144,24 @@ def eval_shard(num_samples: int, env: DistEnv) -> range:
 
 
 def build_eval_loader(
-    dataset: Dataset, cfg: TrainConfig, env: DistEnv, device: torch.device
+    dataset: Dataset, cfg: RunConfig, env: DistEnv, device: torch.device
 ) -> DataLoader:
-    """Per-rank loader over this rank's shard of the validation set, in order."""
+    """Per-rank loader over this rank's shard of the validation set (of its first
+    --eval-batches global batches), in order."""
+    if cfg.eval_batches:  # the same samples on any world size
+        size = cfg.eval_batches * global_batch(cfg, env.world_size)
+        dataset = Subset(dataset, range(min(size, len(dataset))))
     shard = Subset(dataset, eval_shard(len(dataset), env))  # Subset forwards __getitems__
     return _loader(shard, cfg, device)
 
 
-def _loader(dataset: Dataset, cfg: TrainConfig, device: torch.device, **kwargs: Any) -> DataLoader:
+def _loader(dataset: Dataset, cfg: RunConfig, device: torch.device, **kwargs: Any) -> DataLoader:
+    workers = num_workers(cfg)
     return DataLoader(
         dataset,
         batch_size=cfg.batch_size,
         collate_fn=collate,
-        num_workers=cfg.num_workers,
+        num_workers=workers,
         pin_memory=device.type == "cuda",  # page-locked memory: async host-to-GPU copies
         # Workers start once and serve every epoch and evaluation (anew, they cost more than an
         # evaluation); but a worker's copy of the dataset is made when it starts, so with a
@@ -115,19 +169,44 @@ def _loader(dataset: Dataset, cfg: TrainConfig, device: torch.device, **kwargs: 
         # epoch lives in shared memory (shares_epoch). The loader's own RNG: without it,
         # iter(loader) draws its workers' seed from the global RNG, which dropout uses too, and
         # a resumed run would draw other masks.
-        persistent_workers=cfg.num_workers > 0 and shares_epoch(dataset),
-{%- if task == 'image' %}
-        prefetch_factor=cfg.prefetch_factor if cfg.num_workers else None,  # data.prepare: auto
-{%- endif %}
+        persistent_workers=workers > 0 and shares_epoch(dataset),
+        prefetch_factor=prefetch_factor(cfg, workers) if workers else None,
         generator=torch.Generator().manual_seed(cfg.seed),
         **kwargs,
     )
+
+
+MAX_WORKERS = 8  # per rank, for --num-workers -1; more rarely helps, each holds a prefetch
+
+
+def num_workers(cfg: RunConfig) -> int:
+    """--num-workers, or for -1 (auto) this node's CPUs shared by its ranks, one left for the
+    rank itself, at most MAX_WORKERS."""
+    if cfg.num_workers >= 0:
+        return cfg.num_workers
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    per_rank = (cpus or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return max(0, min(MAX_WORKERS, per_rank - 1))
+
+
+def prefetch_factor(cfg: RunConfig, workers: int) -> int:
+    """--prefetch-factor, or (0: auto) enough for two optimizer steps over all workers."""
+    return cfg.prefetch_factor or max(2, math.ceil(2 * cfg.grad_accum_steps / workers))
 
 
 def shares_epoch(dataset: Dataset) -> bool:
     """Whether the dataset's workers see its set_epoch (or it has none): then they persist."""
     dataset = dataset.dataset if isinstance(dataset, Subset) else dataset
     return getattr(dataset, "shares_epoch", not hasattr(dataset, "set_epoch"))
+
+
+@dataclass
+class Micro:
+    """A micro-batch as the dataset gave it, and its samples' places in the step's global batch
+    (ResumableSampler.places)."""
+
+    batch: Any
+    places: range
 
 
 class Windows:
@@ -139,14 +218,47 @@ class Windows:
 
     def __init__(self, loader: DataLoader, sampler: ResumableSampler, accum: int) -> None:
         self.loader, self.sampler, self.accum = loader, sampler, accum
-        self.batches: Iterator[tuple[torch.Tensor, torch.Tensor]] = iter([])
+        self.global_batch = sampler.global_batch  # samples per step, over all ranks
+        self.batches: Iterator[Any] = iter([])
         self.remaining = 0  # micro-batches left in this epoch
         self.epoch_done = False  # the last window returned ends its epoch
 
-    def next(self, progress: Progress) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def next(self, progress: Progress) -> "Window":
+        """The next optimizer step's micro-batches."""
         if self.remaining == 0:  # start an epoch, or continue a resumed one where it stopped
             self.sampler.set_position(progress.epoch, progress.position)
             self.batches, self.remaining = iter(self.loader), len(self.loader)
         self.remaining -= self.accum
         self.epoch_done = self.remaining == 0
-        return self.batches
+        return Window(self.batches, self.sampler, self.loader.batch_size or 1, self.accum)
+
+
+class Window:
+    """One optimizer step's micro-batches, read from the loader as they are asked for."""
+
+    def __init__(
+        self, batches: Iterator[Any], sampler: ResumableSampler, batch_size: int, count: int
+    ) -> None:
+        self.batches, self.sampler = batches, sampler
+        self.batch_size, self.count = batch_size, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[Micro]:
+        for micro in range(self.count):
+            yield Micro(next(self.batches), self.sampler.places(micro, self.batch_size))
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """The batch with its tensors on `device`, in tuples, lists and dicts as they were (from
+    pinned memory, the copy does not wait)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {key: to_device(value, device) for key, value in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(to_device(value, device) for value in batch))
+    if isinstance(batch, list | tuple):
+        return type(batch)(to_device(value, device) for value in batch)
+    return batch

@@ -129,16 +129,17 @@ def convert_dropout(model: nn.Module) -> nn.Module:
     return model
 
 
-def check_dropout(model: nn.Module, example: Tensor) -> str:
+def check_dropout(model: nn.Module, run: Callable[[int], object]) -> str:
     """Refuse (LayoutError) a model whose KeyedDropouts would be keyed by something else than
     the sample; return a line naming the random draws in its training forward that are not
-    keyed ('' if none). `example`: one input sample, on the model's device.
+    keyed ('' if none). `run(n)`: the model's training forward on a batch of n copies of one
+    sample (the task's loss of it).
 
     Seen from the modules: a layer with batch_first=False holding a KeyedDropout (refused),
     nn.MultiheadAttention's dropout (drawn inside its attention kernel: keying it would mean
     computing attention without the fused kernels), an RNN's dropout between layers, dropout
     modules of other classes. Seen by running the model in training mode on 2 and then 3 copies
-    of `example` (no gradient; random state and buffers restored): a KeyedDropout whose input's
+    of a sample (no gradient; random state and buffers restored): a KeyedDropout whose input's
     dim 0 is not the batch (refused), and random functions that the forward calls (F.dropout,
     torch.rand, ...). A code path that these two forwards do not take is not seen.
     """
@@ -151,7 +152,7 @@ def check_dropout(model: nn.Module, example: Tensor) -> str:
                 " dropout would be keyed by position in the sequence, not by sample; build it"
                 " with batch_first=True and give it (batch, sequence, features) inputs"
             )
-    called = probe(model, example)
+    called = probe(model, run)
     names: dict[str, list[str]] = {}  # what is drawn: the modules that draw it, in model order
     for name, module in model.named_modules():
         what = unkeyed_module(module) or called.get(name)
@@ -242,8 +243,8 @@ class Draws(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def probe(model: nn.Module, example: Tensor) -> dict[str, str]:
-    """Run `model` in training mode on 2, then 3 copies of `example`: raise LayoutError for a
+def probe(model: nn.Module, run: Callable[[int], object]) -> dict[str, str]:
+    """Run `model` in training mode on 2, then 3 copies of a sample (`run`): raise LayoutError for a
     KeyedDropout whose input's dim 0 is not the batch; return the modules that called a
     random function (name: what). Random state, buffers and modes are restored; BatchNorm runs
     in evaluation mode. {} if the model cannot run on so small a batch."""
@@ -274,13 +275,12 @@ def probe(model: nn.Module, example: Tensor) -> dict[str, str]:
         if isinstance(module, nn.modules.batchnorm._NormBase):
             module.eval()
     found = Draws(running)
-    device = example.device
+    device = next(model.parameters()).device
     try:
         with torch.no_grad(), torch.random.fork_rng([device] if device.type == "cuda" else []):
             for batch_size in (2, 3):
-                inputs = example.unsqueeze(0).repeat(batch_size, *[1] * example.dim())
                 with batch(model, 0, 0, range(batch_size), device), found:
-                    model(inputs)
+                    run(batch_size)
     except LayoutError:
         raise
     except Exception:  # it needs another input: training will say what is wrong

@@ -6,13 +6,13 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from .config import TrainConfig, global_batch
+from .config import RunConfig, global_batch
 
 
 def build_optimizer(
-    cfg: TrainConfig, model: nn.Module, world_size: int, device: torch.device
+    cfg: RunConfig, model: nn.Module, world_size: int, device: torch.device
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW (no weight decay on biases) with linear warmup, then cosine decay."""
+    """AdamW or SGD (no weight decay on biases) with linear warmup, then cosine decay."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
@@ -21,24 +21,19 @@ def build_optimizer(
     # fused: one kernel for the whole update (CUDA and CPU), a few percent faster per step; it
     # takes a found_inf tensor, so a non-finite update is skipped without asking the host.
     fused = device.type in ("cuda", "cpu")
-{%- if task == 'lm' %}
-    betas = (cfg.beta1, cfg.beta2)
-    optimizer = torch.optim.AdamW(groups, lr=peak_lr(cfg, world_size), betas=betas, fused=fused)
-{%- elif task == 'image' %}
+    lr = peak_lr(cfg, world_size)
     if cfg.optimizer == "sgd":  # fused SGD takes found_inf too
-        optimizer = torch.optim.SGD(
-            groups, lr=peak_lr(cfg, world_size), momentum=cfg.momentum, fused=fused
+        optimizer: torch.optim.Optimizer = torch.optim.SGD(
+            groups, lr=lr, momentum=cfg.momentum, fused=fused
         )
     else:
-        optimizer = torch.optim.AdamW(groups, lr=peak_lr(cfg, world_size), fused=fused)
-{%- else %}
-    optimizer = torch.optim.AdamW(groups, lr=peak_lr(cfg, world_size), fused=fused)
-{%- endif %}
+        betas = (cfg.beta1, cfg.beta2)
+        optimizer = torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
     return optimizer, scheduler
 
 
-def peak_lr(cfg: TrainConfig, world_size: int) -> float:
+def peak_lr(cfg: RunConfig, world_size: int) -> float:
     """--lr, or with --scale-lr the linear scaling rule's multiple of it."""
     if not cfg.scale_lr:
         return cfg.lr
@@ -47,49 +42,36 @@ def peak_lr(cfg: TrainConfig, world_size: int) -> float:
     return cfg.lr * global_batch(cfg, world_size) / cfg.base_batch_size
 
 
-def lr_factor(step: int, cfg: TrainConfig) -> float:
+def lr_factor(step: int, cfg: RunConfig) -> float:
     """Learning rate of optimizer step `step` (0-based) as a fraction of the peak."""
     if step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
-{%- if task == 'lm' %}
     # The cosine ends at --lr-decay-steps (or --max-steps) and stays at its floor after it. The
     # floor is --min-lr in units of --lr (so --scale-lr scales it too), or --min-lr-ratio.
     end = cfg.lr_decay_steps or cfg.max_steps
     floor = cfg.min_lr / cfg.lr if cfg.min_lr else cfg.min_lr_ratio
     done = min(1.0, (step - cfg.warmup_steps) / max(1, end - cfg.warmup_steps))
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * done))
-{%- else %}
-    done = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * done))
-{%- endif %}
 
 
 def reschedule(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LambdaLR,
-    cfg: TrainConfig,
+    cfg: RunConfig,
 ) -> None:
-{%- if task == 'lm' %}
     """After a resume: the next step's LR from this run's schedule, not the checkpoint's. With
     another --max-steps the cosine decay is stretched to end there (the warmup stays), unless
     --lr-decay-steps fixes its end; with the same one, the saved value bit for bit."""
-{%- else %}
-    """After a resume: the next step's LR from this run's schedule, not the checkpoint's. With
-    another --max-steps the cosine decay is stretched to end there (the warmup stays); with
-    the same one, the saved value bit for bit."""
-{%- endif %}
     for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs, strict=True):
         group["lr"] = base_lr * lr_factor(scheduler.last_epoch, cfg)
 
 
-def schedule_note(cfg: TrainConfig, saved_max_steps: int, step: int, world_size: int) -> str:
+def schedule_note(cfg: RunConfig, saved_max_steps: int, step: int, world_size: int) -> str:
     """One line on resuming with another --max-steps: what the LR does now; '' otherwise."""
     if saved_max_steps == cfg.max_steps or step >= cfg.max_steps:
         return ""
-{%- if task == 'lm' %}
     if cfg.lr_decay_steps:  # the schedule ends there, whatever --max-steps says
         return ""
-{%- endif %}
     peak, old = peak_lr(cfg, world_size), replace(cfg, max_steps=saved_max_steps)
     return (
         f"--max-steps {cfg.max_steps} (the checkpoint's run: {saved_max_steps}): the LR schedule"

@@ -12,13 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import dist
-from .config import ConfigError, checkpoint_dir
+from . import dist, paths
+from .options import ConfigError
 
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 120.0
 DAMAGED_AFTER_S = 10.0
-LOCK_NAME = "run.lock"
+LOCK_NAME = paths.LOCK
 
 
 def this_process() -> dict[str, Any]:
@@ -245,8 +245,8 @@ def check_free(out_dir: str) -> None:
 
 def output_snapshot(out_dir: str) -> tuple[list[str], int]:
     """What runs leave in OUT_DIR: checkpoint names and the size of metrics.jsonl (-1: none)."""
-    names = sorted(p.name for p in checkpoint_dir(out_dir).glob("step_*.pt"))
-    metrics = Path(out_dir) / "metrics.jsonl"
+    names = sorted(p.name for p in paths.checkpoint_dir(out_dir).glob("step_*.pt"))
+    metrics = Path(out_dir) / paths.METRICS
     return names, metrics.stat().st_size if metrics.exists() else -1
 
 

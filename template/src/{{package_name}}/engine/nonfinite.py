@@ -6,6 +6,9 @@ itself; the host reads the verdict only at steps that log, and all ranks stop th
 before a non-finite state could be checkpointed.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 from . import dist
@@ -55,31 +58,27 @@ class Health:
         )
 
 
-def apply_update(
-    optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, grad_norm: torch.Tensor
-) -> None:
-    """Step the optimizer unless the gradients are non-finite, decided on the device.
+def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the optimizer takes a `found_inf` tensor (fused Adam, AdamW and SGD do): then
+    a non-finite update is skipped on the device, without the host reading the gradient norm."""
+    return getattr(optimizer, "_step_supports_amp_scaling", False)
 
-    fp16: GradScaler skips an overflowed update itself. Otherwise torch's fused (and
-    capturable) Adam/AdamW accept the same signal the scaler gives them: a `found_inf` device
-    tensor, 1.0 meaning "leave parameters and moments alone". An optimizer without that
-    support is stepped only after the host has checked the norm: correct, but a sync.
-    """
-    if scaler.is_enabled():
-        scaler.step(optimizer)
-        scaler.update()
-    elif getattr(optimizer, "_step_supports_amp_scaling", False):
-        optimizer.found_inf = (~grad_norm.isfinite()).float()
-        optimizer.step()
-        del optimizer.found_inf
-    elif grad_norm.isfinite():
-        optimizer.step()
+
+@contextmanager
+def found_inf(optimizer: torch.optim.Optimizer, grad_norm: torch.Tensor) -> Iterator[None]:
+    """During optimizer.step(): the device's verdict on the gradients, as GradScaler hands it to
+    such an optimizer (1.0: leave parameters and moments alone)."""
+    optimizer.found_inf = (~grad_norm.isfinite()).float()  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        del optimizer.found_inf  # type: ignore[attr-defined]
 
 
 def note_host_reads(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> None:
-    """Say once (rank 0) when apply_update must sync with the device every step: an optimizer
+    """Say once (rank 0) when step.update must sync with the device every step: an optimizer
     that takes no found_inf tensor, without fp16's scaler (which skips updates itself)."""
-    if scaler.is_enabled() or getattr(optimizer, "_step_supports_amp_scaling", False):
+    if scaler.is_enabled() or skips_on_device(optimizer):
         return
     dist.print0(
         f"note: {type(optimizer).__name__} cannot skip a non-finite update on the device (it takes"

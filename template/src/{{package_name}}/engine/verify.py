@@ -4,14 +4,18 @@ bad file is one line (resume.py) instead of a traceback on some ranks.
 """
 
 import random
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
 import torch
+from torch import nn
 
-from .config import ConfigError, TrainConfig, flag
-from .model import build_model
+from . import dist
+from .config import ConfigError, RunConfig, flag
 from .nonfinite import first_non_finite
+
+Shapes = dict[str, tuple[int, ...]]
 
 
 def check_structure(state: Any, required: set[str]) -> None:
@@ -44,35 +48,55 @@ def check_structure(state: Any, required: set[str]) -> None:
                 raise ValueError(f"'rng' of rank {rank} is unusable ({first_line(err)})") from None
 
 
-def model_shapes(cfg: TrainConfig) -> dict[str, tuple[int, ...]] | None:
-    """Parameter and buffer shapes of the model this config builds, on the meta device (no
-    memory, no time); None where build_model cannot run there (it loads files, say)."""
-    try:
-        with torch.device("meta"):
-            model = build_model(cfg)
-    except Exception:
-        return None
-    return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+class ModelShapes:
+    """The parameter and buffer shapes of the model `build` makes for some settings, built on
+    the meta device (no memory, no time) once per settings. A model that cannot be built there
+    (it loads files, say) leaves the shape checks undone, said once in one line."""
+
+    def __init__(self, build: Callable[[RunConfig], nn.Module]) -> None:
+        self.build, self.known = build, dict[str, Shapes | None]()
+
+    def __call__(self, cfg: RunConfig, what: str) -> Shapes | None:
+        key = repr(asdict(cfg))
+        if key not in self.known:
+            self.known[key] = self._build(cfg, what)
+        return self.known[key]
+
+    def _build(self, cfg: RunConfig, what: str) -> Shapes | None:
+        try:
+            with torch.device("meta"):
+                model = self.build(cfg)
+        except ConfigError:
+            raise
+        except Exception as err:
+            if not self.known:  # the first build: later ones would only say it again
+                dist.print0(
+                    f"note: {what}: its model's shapes are not checked before start-up, since"
+                    f" build_model cannot run on the meta device ({first_line(err)})"
+                )
+            return None
+        return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
 
 
-def model_differences(saved: dict[str, Any], cfg: TrainConfig, ignore: set[str]) -> list[str]:
+def model_differences(
+    saved: dict[str, Any], cfg: RunConfig, ignore: set[str], shapes: ModelShapes, what: str
+) -> list[str]:
     """The settings in which `saved` differs from `cfg` and that change the model's shapes."""
-    shapes, differences = model_shapes(cfg), []
+    expected, differences = shapes(cfg, what), []
     for name, now in asdict(cfg).items():
         if name in ignore or name not in saved or saved[name] == now:
             continue
         try:
-            other = model_shapes(replace(cfg, **{name: saved[name]}))
+            other = shapes(replace(cfg, **{name: saved[name]}), what)
         except ConfigError:  # a value this version no longer accepts: not a model setting
             continue
-        if other != shapes:
+        if other != expected:
             differences.append(f"{flag(name)} {saved[name]!r} in the checkpoint, {now!r} now")
     return differences
 
 
-def check_same_kind(weights: dict[str, torch.Tensor], cfg: TrainConfig, what: str) -> None:
+def check_same_kind(weights: dict[str, torch.Tensor], expected: Shapes | None, what: str) -> None:
     """A checkpoint of another task or project shares no weight name with this model."""
-    expected = model_shapes(cfg)
     if expected is None or not weights or expected.keys() & weights.keys():
         return
     raise ConfigError(
@@ -82,10 +106,9 @@ def check_same_kind(weights: dict[str, torch.Tensor], cfg: TrainConfig, what: st
     )
 
 
-def check_model_fits(weights: dict[str, torch.Tensor], cfg: TrainConfig, what: str) -> None:
-    """The checkpoint's weights have the names and shapes of the model this run builds, and
-    hold no NaN or infinity."""
-    expected = model_shapes(cfg)
+def check_model_fits(weights: dict[str, torch.Tensor], expected: Shapes | None, what: str) -> None:
+    """The checkpoint's weights have the names and shapes of the model this run builds
+    (`expected`; None: unknown), and hold no NaN or infinity."""
     got = {name: tuple(tensor.shape) for name, tensor in weights.items()}
     bad = first_non_finite(weights)
     if bad:

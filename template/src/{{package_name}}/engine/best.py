@@ -10,11 +10,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+from . import paths
 from .checkpoint import Checkpointer
 
 
 def best_path(out_dir: str) -> Path:
-    return Path(out_dir) / "best.pt"
+    return Path(out_dir) / paths.BEST
 
 
 class KeepBest:

@@ -15,19 +15,15 @@ from typing import Any
 
 import torch
 
-from . import {% if task in ['lm', 'classifier'] %}data, {% endif %}dist, {% if task == 'lm' %}hf, {% endif %}optim
+from . import dist, optim
 from .checkpoint import NotACheckpoint, list_checkpoints, load, step_of, weights
-from .config import (
-    ConfigError,
-    TrainConfig,
-    checkpoint_dir,
-    flag,
-    global_batch,
-    run_only_settings,
-)
+from .config import ConfigError, RunConfig, flag, global_batch, run_only_settings
+from .hooks import Task
 from .options import values_before
+from .paths import METRICS, checkpoint_dir
 from .state import Start, TrainState
 from .verify import (
+    ModelShapes,
     check_model_fits,
     check_same_kind,
     check_structure,
@@ -38,25 +34,31 @@ from .verify import (
 # On resume, besides the run-only settings (option(..., run_only=True) in config.py), the batch
 # layout may change if the global batch stays the same, and --max-steps (optim.reschedule).
 BATCH_LAYOUT = {"batch_size", "grad_accum_steps", "global_batch_size"}
-MAY_CHANGE = run_only_settings() | BATCH_LAYOUT | {"max_steps"}
-# A checkpoint that keeps its data's fingerprint ("data") is checked by content, not by path.
-DATA_PATHS = {"data_path", "val_path"}
 REQUIRED = {*TrainState.KEYS, "config"}  # checkpoint.py adds the config
 
 
-def find_start(cfg: TrainConfig, world_size: int, device: torch.device) -> Start:
-    """The checkpoint to resume, or the weights to start from, per --resume and --init-from."""
-    state = find_resume(cfg, world_size, device)
+def may_change(cfg: RunConfig) -> set[str]:
+    """The settings a resume may change: run-only ones, the batch layout and --max-steps."""
+    return run_only_settings(type(cfg)) | BATCH_LAYOUT | {"max_steps"}
+
+
+def find_start(cfg: RunConfig, task: Task, world_size: int, device: torch.device) -> Start:
+    """The checkpoint to resume, or the weights to start from, per --resume and --init-from.
+    The model shapes they are checked against are those of task.build_model."""
+    shapes = ModelShapes(task.build_model)
+    state = find_resume(cfg, task, shapes, world_size, device)
     if state is not None:
         if cfg.init_from:
             dist.print0(f"--init-from {cfg.init_from} is not used: this run continues instead")
         return Start(resume=state)
     if cfg.init_from:
-        return Start(weights=find_weights(cfg, device))
+        return Start(weights=find_weights(cfg, task, shapes, device))
     return Start()
 
 
-def find_resume(cfg: TrainConfig, world_size: int, device: torch.device) -> dict[str, Any] | None:
+def find_resume(
+    cfg: RunConfig, task: Task, shapes: ModelShapes, world_size: int, device: torch.device
+) -> dict[str, Any] | None:
     """The checkpoint to resume from per --resume, checked against the config; None = fresh."""
     if cfg.resume == "never":
         check_out_dir_is_new(cfg.out_dir)
@@ -71,14 +73,11 @@ def find_resume(cfg: TrainConfig, world_size: int, device: torch.device) -> dict
             dist.print0(f"warning: no readable checkpoint in {path} ({problem}); starting afresh")
         return None
     candidate, state = found
-    check_same_kind(state["model"], cfg, f"--resume {candidate}")
-    check_compatible(state, cfg, world_size, candidate)
-{%- if task == 'lm' %}
-    data.check_same_data(state.get("data"), cfg, candidate)  # the text and its tokenizer
-{%- elif task == 'classifier' %}
-    data.check_same_data(state.get("data"), cfg, candidate)  # the content, wherever it is now
-{%- endif %}
-    check_model_fits(state["model"], cfg, f"--resume {candidate}")
+    what = f"--resume {candidate}"
+    check_same_kind(state["model"], shapes(cfg, what), what)
+    checked = task.check_checkpoint(state, what, resuming=True)  # its data, wherever it is now
+    check_compatible(state, cfg, world_size, candidate, may_change(cfg) | checked)
+    check_model_fits(state["model"], shapes(cfg, what), what)
     if explicit:
         check_no_mixing(cfg, candidate, state["step"])
     dist.print0(f"resuming from {candidate} (step {state['step']})")
@@ -88,30 +87,29 @@ def find_resume(cfg: TrainConfig, world_size: int, device: torch.device) -> dict
     return state
 
 
-def find_weights(cfg: TrainConfig, device: torch.device) -> dict[str, torch.Tensor]:
-    """--init-from: the model weights of a checkpoint, checked against this run's model."""
-{%- if task == 'lm' %}
-    if cfg.init_from.startswith("hf:"):  # GPT-2 weights in the Hugging Face layout
-        found = hf.load_weights(cfg.init_from.removeprefix("hf:"), cfg)
+def find_weights(
+    cfg: RunConfig, task: Task, shapes: ModelShapes, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """--init-from: the model weights of a checkpoint (or of what the task resolves, such as
+    hf:NAME), checked against this run's model."""
+    resolved = task.init_weights(cfg.init_from, device)
+    if resolved is not None:
         dist.print0(f"starting from the weights of {cfg.init_from}: a new run at step 0")
-        return {name: tensor.to(device) for name, tensor in found.items()}
-{%- endif %}
+        return resolved
     found, problem = first_readable(Path(cfg.init_from), {"model", "config"}, device)
     if found is None:
         raise ConfigError(f"--init-from {cfg.init_from}: no readable checkpoint ({problem})")
     candidate, state = found
     what = f"--init-from {candidate}"
-    check_same_kind(state["model"], cfg, what)
-    differences = model_differences(state["config"], cfg, MAY_CHANGE)
+    check_same_kind(state["model"], shapes(cfg, what), what)
+    differences = model_differences(state["config"], cfg, may_change(cfg), shapes, what)
     if differences:
         raise ConfigError(
             f"{what}: its model was built with other settings: {'; '.join(differences)}."
             " Settings that shape the model must match (--lr and the like may differ)"
         )
-    check_model_fits(state["model"], cfg, what)
-{%- if task == 'lm' %}
-    data.check_same_tokenizer(state.get("data"), cfg, what)
-{%- endif %}
+    check_model_fits(state["model"], shapes(cfg, what), what)
+    task.check_checkpoint(state, what, resuming=False)
     dist.print0(
         f"starting from the weights of {candidate} (its step {state.get('step', '?')}):"
         " a new run at step 0, with a fresh optimizer, LR schedule and data order"
@@ -143,11 +141,12 @@ def first_readable(
     return None, problem
 
 
-def check_compatible(state: dict[str, Any], cfg: TrainConfig, world_size: int, path: Path) -> None:
+def check_compatible(
+    state: dict[str, Any], cfg: RunConfig, world_size: int, path: Path, may_change: set[str]
+) -> None:
     """Refuse to resume with settings that change the model or the optimisation."""
     # A setting the checkpoint lacks is newer than it: it was trained with its value before.
-    saved, now = values_before(TrainConfig) | state["config"], asdict(cfg)
-    may_change = MAY_CHANGE | (DATA_PATHS if state.get("data") else set())
+    saved, now = values_before(type(cfg)) | state["config"], asdict(cfg)
     differences = [
         f"{flag(name)} {saved.get(name)!r} in the checkpoint, {now[name]!r} now"
         for name in now
@@ -171,7 +170,7 @@ def check_compatible(state: dict[str, Any], cfg: TrainConfig, world_size: int, p
 def check_out_dir_is_new(out_dir: str) -> None:
     """--resume never starts a new run, which needs a directory of its own."""
     newest = list_checkpoints(checkpoint_dir(out_dir))[:1]
-    if newest or (Path(out_dir) / "metrics.jsonl").exists():
+    if newest or (Path(out_dir) / METRICS).exists():
         what = f"newest checkpoint {newest[0]}" if newest else "metrics.jsonl, no checkpoint"
         raise ConfigError(
             f"--resume never: --out-dir {out_dir} already holds a run ({what}); use another"
@@ -179,7 +178,7 @@ def check_out_dir_is_new(out_dir: str) -> None:
         )
 
 
-def check_no_mixing(cfg: TrainConfig, source: Path, step: int) -> None:
+def check_no_mixing(cfg: RunConfig, source: Path, step: int) -> None:
     """--resume PATH must not mix the new run's checkpoints with others in --out-dir: a later
     --resume auto picks the newest checkpoint there, whichever run wrote it."""
     existing = list_checkpoints(checkpoint_dir(cfg.out_dir))

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from . import dist, optim, parallel
-from .config import TrainConfig
+from .config import RunConfig
 
 
 @dataclass
@@ -89,7 +89,7 @@ class TrainState:
         parallel.load_weights(self.model, weights)
 
 
-def restore(start: Start, state: TrainState, cfg: TrainConfig) -> None:
+def restore(start: Start, state: TrainState, cfg: RunConfig) -> None:
     """Load where the run starts (resume.find_start) into a freshly built state."""
     if start.weights is not None:  # --init-from: the weights only; step 0, all else fresh
         state.load_weights(start.weights)
