@@ -4,6 +4,7 @@ below. A batch is whatever the task's datasets return, moved to the device as it
 tuples, lists and dicts).
 """
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -62,9 +63,10 @@ class Task:
         """What every checkpoint keeps about this run's data (plain types)."""
         return {}
 
-    def check_checkpoint(self, state: dict[str, Any], what: str, resuming: bool) -> set[str]:
-        """A checkpoint fits this run's data (checkpoint_extras then and now), or ConfigError;
-        returns the settings that may differ because their content was checked (paths, say)."""
+    def check_checkpoint(self, state: dict[str, Any], path: Path, resuming: bool) -> set[str]:
+        """The checkpoint at `path` fits this run's data (checkpoint_extras then and now), for
+        --resume (resuming) or --init-from, or ConfigError; returns the settings that may differ
+        because their content was checked (the data's paths, say)."""
         return set()
 
     def init_weights(self, spec: str, device: torch.device) -> dict[str, Tensor] | None:

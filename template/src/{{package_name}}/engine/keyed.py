@@ -275,7 +275,7 @@ def probe(model: nn.Module, run: Callable[[int], object]) -> dict[str, str]:
         if isinstance(module, nn.modules.batchnorm._NormBase):
             module.eval()
     found = Draws(running)
-    device = next(model.parameters()).device
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
     try:
         with torch.no_grad(), torch.random.fork_rng([device] if device.type == "cuda" else []):
             for batch_size in (2, 3):

@@ -8,7 +8,7 @@ import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, default_collate
@@ -16,7 +16,9 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, de
 from .config import RunConfig, global_batch
 from .dist import DistEnv
 from .options import ConfigError
-from .state import Progress
+
+if TYPE_CHECKING:
+    from .state import Progress
 
 
 class Batch(tuple):
@@ -223,7 +225,7 @@ class Windows:
         self.remaining = 0  # micro-batches left in this epoch
         self.epoch_done = False  # the last window returned ends its epoch
 
-    def next(self, progress: Progress) -> "Window":
+    def next(self, progress: "Progress") -> "Window":
         """The next optimizer step's micro-batches."""
         if self.remaining == 0:  # start an epoch, or continue a resumed one where it stopped
             self.sampler.set_position(progress.epoch, progress.position)

@@ -75,7 +75,7 @@ def find_resume(
     candidate, state = found
     what = f"--resume {candidate}"
     check_same_kind(state["model"], shapes(cfg, what), what)
-    checked = task.check_checkpoint(state, what, resuming=True)  # its data, wherever it is now
+    checked = task.check_checkpoint(state, candidate, resuming=True)  # its data, wherever it is
     check_compatible(state, cfg, world_size, candidate, may_change(cfg) | checked)
     check_model_fits(state["model"], shapes(cfg, what), what)
     if explicit:
@@ -109,7 +109,7 @@ def find_weights(
             " Settings that shape the model must match (--lr and the like may differ)"
         )
     check_model_fits(state["model"], shapes(cfg, what), what)
-    task.check_checkpoint(state, what, resuming=False)
+    task.check_checkpoint(state, candidate, resuming=False)
     dist.print0(
         f"starting from the weights of {candidate} (its step {state.get('step', '?')}):"
         " a new run at step 0, with a fresh optimizer, LR schedule and data order"
