@@ -39,8 +39,8 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)
-    keyed = importlib.import_module(f"{PACKAGE}.keyed")
-    syncbn = importlib.import_module(f"{PACKAGE}.syncbn")
+    keyed = importlib.import_module(f"{PACKAGE}.engine.keyed")
+    syncbn = importlib.import_module(f"{PACKAGE}.engine.syncbn")
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     cpu = torch.device("cpu")

@@ -82,8 +82,8 @@ with open(sys.argv[1], "wb") as f:
         f.truncate()
 """
 # What the worker wraps in the rendered package (a rename stops the run with a message).
-SAVE = TrainerCall("checkpoint.Checkpointer", "save", "checkpoint: save (the stall)")
-WRITE = TrainerCall("checkpoint.Checkpointer", "_write", "checkpoint: the background write")
+SAVE = TrainerCall("engine.checkpoint.Checkpointer", "save", "checkpoint: save (the stall)")
+WRITE = TrainerCall("engine.checkpoint.Checkpointer", "_write", "checkpoint: the background write")
 
 
 def workload(tiny: bool) -> Workload:

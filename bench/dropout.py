@@ -37,7 +37,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     from .lm_loop import sdpa_attention
 
     torch.set_num_threads(1)
-    keyed = importlib.import_module(f"{PACKAGE}.keyed")
+    keyed = importlib.import_module(f"{PACKAGE}.engine.keyed")
     gpt = importlib.import_module(f"{PACKAGE}.model").GPT
 
     def model(variant: str) -> torch.nn.Module:

@@ -72,7 +72,7 @@ def read_metrics(out_dir: Path, first_step: int, last_step: int) -> dict[str, An
 class TrainerCall(NamedTuple):
     """A function or method of the generated package that the bench wraps with a timer."""
 
-    owner: str  # a module of the package, or module.Class
+    owner: str  # a module of the package (engine.dist), or module.Class (engine.dist.AgreeLater)
     attr: str
     label: str  # its line in `python -m bench.profile`
     group: str | None = None  # its overhead group in `python -m bench`; None: training itself
@@ -86,15 +86,18 @@ TRAINER_CALLS = (
     TrainerCall(
         "step", "forward_backward", "forward+backward (incl. DDP all-reduce)", data_wait_from_result=True
     ),
-    TrainerCall("dist.AgreeLater", "start", "flags: start the background all-reduce"),
-    TrainerCall("dist.AgreeLater", "result", "flags: collect the previous step's all-reduce"),
-    TrainerCall("metrics", "reduce_metrics", "metrics: reduce_metrics (collectives)", "log"),
-    TrainerCall("metrics.Logger", "log", "metrics: write + print", "log"),
+    TrainerCall("engine.dist.AgreeLater", "start", "flags: start the background all-reduce"),
+    TrainerCall("engine.dist.AgreeLater", "result", "flags: collect the previous step's all-reduce"),
+    TrainerCall("engine.metrics", "reduce_metrics", "metrics: reduce_metrics (collectives)", "log"),
+    TrainerCall("engine.metrics.Logger", "log", "metrics: write + print", "log"),
     # Builds the checkpoint's state (a collective); Checkpointer.save calls it itself, and
     # Timers counts a nested call once.
-    TrainerCall("state.TrainState", "state_dict", "checkpoint: TrainState.state_dict", "checkpoint"),
+    TrainerCall("engine.state.TrainState", "state_dict", "checkpoint: TrainState.state_dict", "checkpoint"),
     TrainerCall(
-        "checkpoint.Checkpointer", "save", "checkpoint: save (stall; the write is a thread)", "checkpoint"
+        "engine.checkpoint.Checkpointer",
+        "save",
+        "checkpoint: save (stall; the write is a thread)",
+        "checkpoint",
     ),
     TrainerCall("train", "evaluate", "evaluate", "eval"),
 )
@@ -103,7 +106,9 @@ GROUPS = ("log", "checkpoint", "eval")
 
 def trainer_call_owner(package: str, call: TrainerCall) -> Any:
     """The module or class of the rendered package that holds `call.attr`."""
-    module_name, _, cls = call.owner.partition(".")
+    module_name, _, cls = call.owner.rpartition(".")
+    if not cls[:1].isupper():  # a module, not a class
+        module_name, cls = call.owner, ""
     owner: Any = importlib.import_module(f"{package}.{module_name}")
     if cls:
         owner = getattr(owner, cls, None)

@@ -201,7 +201,7 @@ def attention_memory(
 
     from .lm_loop import sdpa_attention
 
-    keyed = importlib.import_module(f"{package}.keyed")
+    keyed = importlib.import_module(f"{package}.engine.keyed")
     gpt = importlib.import_module(f"{package}.model").GPT
     dropout = 0.0 if attention == "no-dropout" else DROPOUT
     torch.manual_seed(0)

@@ -120,7 +120,7 @@ def lm_data(project: Path, work: Path, seq_len: int, windows: int) -> dict[str, 
     length that gives exactly `windows` training windows of seq_len + 1 bytes once the trainer
     holds out its last 10 % (--val-fraction 0.1), so that an epoch splits into full optimizer
     steps when windows divides by the global batch. Returns the Workload fields for it."""
-    corpus = (project / "src" / PACKAGE / "corpus.txt").read_bytes()
+    corpus = (project / "src" / PACKAGE / "engine" / "corpus.txt").read_bytes()
     length = int((windows * seq_len + 1) / 0.9) + 1
     while (int(length * 0.9) - 1) // seq_len != windows:
         length += 1

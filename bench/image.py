@@ -188,8 +188,8 @@ def loader_rates(a: argparse.Namespace, project: Path, folders: dict[str, Path])
 
     sys.path.insert(0, str(project / "src"))
     from benchproj import data as project_data  # noqa: PLC0415 (the rendered package)
-    from benchproj.config import TrainConfig
-    from benchproj.loading import collate
+    from benchproj.engine.loading import collate
+    from benchproj.task import TrainConfig
     from PIL import JpegImagePlugin
 
     from .image_loops import image_folder

@@ -144,7 +144,7 @@ def run_reference(args: argparse.Namespace) -> None:
     if world > 1 and device.type == "cuda":
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     elif world > 1:  # SyncBatchNorm needs CUDA: the project's all-reduce BatchNorm
-        model = importlib.import_module(f"{args.package}.syncbn").convert_batchnorm(model, False)
+        model = importlib.import_module(f"{args.package}.engine.syncbn").convert_batchnorm(model, False)
     model = model.to(device)
     if args.channels_last and device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)

@@ -59,10 +59,11 @@ def worker(args: argparse.Namespace) -> None:
         owner = trainer_call_owner(args.package, call)
         t.wrap(owner, call.attr, call.label, data_wait_from_result=call.data_wait_from_result)
     t.wrap(torch.nn.utils, "clip_grad_norm_", "clip_grad_norm_")
-    nonfinite = importlib.import_module(f"{args.package}.nonfinite")
+    nonfinite = importlib.import_module(f"{args.package}.engine.nonfinite")
+    step = importlib.import_module(f"{args.package}.step")
     # The update as the trainer applies it: the fused AdamW step with found_inf (the non-finite
     # skip on the device), or scaler.step + update (fp16).
-    t.wrap(nonfinite, "apply_update", "optimizer step (nonfinite.apply_update)")
+    t.wrap(step, "update", "optimizer step (step.update)")
     t.wrap(nonfinite.Health, "note", "non-finite check: Health.note (device ops)")
     t.wrap(nonfinite.Health, "check", "non-finite check: Health.check (at logged steps)")
     t.wrap(torch.amp.GradScaler, "unscale_", "scaler.unscale_")

@@ -23,7 +23,7 @@ its peer (W=2), wall time does.
               (dist.AgreeLater), save-by-time and Due.after.
 - generated-forward: the trainer's forward_backward, then the same-work update.
 - generated-update:  the same-work micro-batches, then the trainer's update (Health.note,
-              apply_update with found_inf).
+              step.update with found_inf).
 """
 
 from __future__ import annotations
@@ -51,14 +51,16 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     import torch.distributed as torch_dist
     import torch.nn.functional as F
     from torch import nn
+    from torch.utils.data import TensorDataset
 
     from .loops import make_mlp, same_work_optimizer
 
     def project(name: str) -> Any:
         return importlib.import_module(f"{PACKAGE}.{name}")
 
-    config, nonfinite, step, train, metrics, dist = map(
-        project, ("config", "nonfinite", "step", "train", "metrics", "dist")
+    task_module, step, train = map(project, ("task", "step", "train"))
+    nonfinite, metrics, dist, loading, loop = map(
+        project, ("engine.nonfinite", "engine.metrics", "engine.dist", "engine.loading", "engine.loop")
     )
     torch.set_num_threads(1)
     if "RANK" in os.environ:  # torchrun: W ranks
@@ -68,7 +70,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     w, device = Workload(), torch.device("cpu")
     accum = w.grad_accum_steps
     sizes = dict(input_dim=w.input_dim, hidden_dim=w.hidden_dim, depth=w.depth)
-    cfg = config.TrainConfig(
+    cfg = task_module.TrainConfig(
         **sizes, num_classes=w.num_classes, batch_size=w.batch_size, grad_accum_steps=accum,
         precision=w.precision, max_steps=10**6,
     )  # fmt: skip
@@ -76,13 +78,25 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         **sizes, num_classes=w.num_classes, weight_decay=cfg.weight_decay, lr=cfg.lr,
         warmup_steps=cfg.warmup_steps, max_steps=cfg.max_steps, min_lr_ratio=cfg.min_lr_ratio,
     )  # fmt: skip
+    task = task_module.Task(cfg)
+    task.prepare(torch_dist.get_world_size(), stop=lambda: False)
     inputs = torch.randn(4096, w.input_dim, generator=torch.Generator().manual_seed(1))
     labels = torch.randint(0, w.num_classes, (4096,), generator=torch.Generator().manual_seed(2))
+    env = dist.DistEnv(rank=torch_dist.get_rank(), local_rank=0, world_size=torch_dist.get_world_size())
+    global_batch = w.batch_size * accum * env.world_size
+    sampler = loading.ResumableSampler(TensorDataset(inputs, labels), env, cfg.seed, global_batch)
 
     def feed():
         for i in range(10**9):
             start = i * w.batch_size % len(inputs)
             yield inputs[start : start + w.batch_size], labels[start : start + w.batch_size]
+
+    def window(batches: Any) -> Any:
+        """The trainer's next optimizer step: accum micro-batches and their samples' places."""
+        return loading.Window(batches, sampler, w.batch_size, accum)
+
+    def forward(model: nn.Module, n: int) -> torch.Tensor:
+        return task.loss(model, loading.copies((inputs[0], labels[0]), n, device))
 
     def same_forward(ddp: nn.Module, batches: Any) -> torch.Tensor:
         """The same-work micro-batches: no_sync on all but the last, loss / accum."""
@@ -115,27 +129,27 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 
     class Generated:
         def __init__(self) -> None:
-            self.state = train.build_state(cfg, 1, device, example=inputs[0])
+            self.state = train.build_state(cfg, task, env.world_size, device, forward)
             self.health = nonfinite.Health(device, scaler_skips=False)
             self.batches, self.meter = feed(), metrics.Meter()
             self.requests, self.scaler = dist.AgreeLater("stop", "save_due"), self.state.scaler
             self.model, self.progress = self.state.model, self.state.progress
 
         def step(self) -> None:
-            step.train_step(self.model, self.state, self.batches, cfg, self.health)
+            step.train_step(self.model, self.state, window(self.batches), task, cfg, self.health)
             self.progress.step += 1
 
         def loop(self) -> None:  # train.py's per-step work when the step logs nothing
-            out = step.train_step(self.model, self.state, self.batches, cfg, self.health)
+            out = step.train_step(self.model, self.state, window(self.batches), task, cfg, self.health)
             self.progress.advance(w.batch_size * accum, end_of_epoch=False)
             self.meter.add(w.batch_size * accum, out.started, out.data_wait)
             asked = self.requests.result()
             self.requests.start(stop=0, save_due=0)
-            train.Due.after(self.progress.step, cfg, **asked)
+            loop.Due.after(self.progress.step, cfg, **asked)
 
         def forward(self) -> None:  # the trainer's micro-batches, the same-work update
             key = (cfg.seed, self.progress.step)
-            step.forward_backward(self.model, self.batches, accum, cfg.precision, self.scaler, key)
+            step.forward_backward(self.model, window(self.batches), task, cfg.precision, self.scaler, key)
             same_update(self.model, self.state.optimizer, self.state.scheduler)
             self.progress.step += 1
 
@@ -143,7 +157,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
             loss = same_forward(self.model, self.batches)
             grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
             self.health.note(self.progress.step + 1, loss.detach(), grad_norm)
-            nonfinite.apply_update(self.state.optimizer, self.scaler, grad_norm)
+            step.update(self.state.optimizer, self.scaler, grad_norm)
             self.state.scheduler.step()
             self.state.optimizer.zero_grad(set_to_none=True)
             self.progress.step += 1

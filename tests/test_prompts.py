@@ -108,7 +108,7 @@ def test_the_image_task_chosen_at_the_terminal(tmp_path: Path) -> None:
     assert status == 0, output
     assert answers_of(tmp_path / "proj")["task"] == "image"
     package = tmp_path / "proj" / "src" / "proj"
-    assert (package / "images.py").is_file() and not (package / "datafiles.py").exists()
+    assert (package / "engine" / "images.py").is_file() and not (package / "engine" / "datafiles.py").exists()
 
 
 def test_a_wrong_answer_gets_the_whole_message_and_is_asked_again(tmp_path: Path) -> None:

@@ -67,20 +67,21 @@ COMBINATIONS = {
     ),
 }  # fmt: skip
 
-# Files and words of one task that must not appear in a project of the other.
+# Files (under src/PKG/) and words of one task that must not appear in a project of the other. The
+# engine's settings and figures (optimizer knobs, --keep-best, --eval-batches, tok/s, MFU) are every task's.
 TASK_ONLY = {
     "lm": (
-        ["sample.py", "corpus.txt", "hf.py", "export.py", "tokenizer.py", "sources.py", "token_cache.py"],
-        re.compile(r"cfg\.(n_layer|seq_len|d_model)|--(n-layer|seq-len|d-model)|GPT|perplexity|tokens_per_sec|\bmfu\b"
-                   r"|tokeniz|safetensors|hugging|keep.best|eval.batches|beta[12]|lr.decay.steps"
-                   r"|min.lr(?![-_]ratio)", re.IGNORECASE),
+        ["sample.py", "hf.py", "export.py", "engine/corpus.txt", "engine/tokenizer.py", "engine/sources.py",
+         "engine/token_cache.py"],
+        re.compile(r"cfg\.(n_layer|seq_len|d_model)|--(n-layer|seq-len|d-model)|\bGPT\b|perplexity|tokeniz"
+                   r"|safetensors|hugging", re.IGNORECASE),
     ),
     "classifier": (
-        ["datafiles.py"],
+        ["engine/datafiles.py"],
         re.compile(r"cfg\.(num_samples|input_dim|hidden_dim)|--(num-samples|input-dim|hidden-dim)|synthetic"),
     ),
     "image": (
-        ["images.py", "syncbn.py", "sample_images.py"],
+        ["engine/images.py", "engine/syncbn.py", "sample_images.py"],
         re.compile(r"torchvision|syncbn|GlobalBatchNorm|sample_images|bad.images|image_size|--image-size"
                    r"|channels.last|pillow|\bPIL\b|images/s|img/s", re.IGNORECASE),
     ),
@@ -90,20 +91,20 @@ TASK_ONLY = {
 # (torch's own DDP comm-hook API, which a core test uses to count all-reduces, is not ours).
 FEATURES = {
     "fsdp": (
-        ["src/PKG/fsdp.py", "tests/test_fsdp.py"],
+        ["src/PKG/engine/fsdp.py", "tests/test_fsdp.py"],
         re.compile(r"fsdp|fully_shard|\.dcp\b|--strategy", re.IGNORECASE),
     ),
     "comm_hooks": (
-        ["src/PKG/comm_hooks.py", "tests/test_comm_hooks.py"],
+        ["src/PKG/engine/comm_hooks.py", "tests/test_comm_hooks.py"],
         re.compile(r"(?<!register_)(?<!ddp_)comm.hook|powersgd", re.IGNORECASE),
     ),
     "tools": (
-        ["src/PKG/doctor.py", "src/PKG/check_sync.py", "src/PKG/plot.py", "tests/test_tools.py",
-         "tests/test_plot.py"],
+        ["src/PKG/tools/__init__.py", "src/PKG/tools/doctor.py", "src/PKG/tools/doctor_checks.py",
+         "src/PKG/tools/check_sync.py", "src/PKG/tools/plot.py", "tests/test_tools.py", "tests/test_plot.py"],
         re.compile(r"doctor|check_sync|\bplot\b|matplotlib", re.IGNORECASE),
     ),
     "profiler": (
-        ["src/PKG/profiling.py", "tests/test_profiler.py"],
+        ["src/PKG/engine/profiling.py", "tests/test_profiler.py"],
         re.compile(r"profil", re.IGNORECASE),
     ),
 }  # fmt: skip
@@ -120,9 +121,11 @@ def project(request: pytest.FixtureRequest, template_dir: Path, tmp_path_factory
 def test_expected_files(project: Path) -> None:
     answers = answers_of(project)
     package = project / "src" / answers["package_name"]
-    modules = ("config", "dist", "data", "model", "checkpoint", "state", "step", "train", "parallel", "task")
-    for name in (f"{module}.py" for module in modules):
+    top = ("data", "model", "step", "train", "task")
+    engine = ("config", "dist", "checkpoint", "state", "parallel", "loading", "hooks")
+    for name in [f"{module}.py" for module in top] + [f"engine/{module}.py" for module in engine]:
         assert (package / name).is_file(), name
+    assert not [path.name for path in package.glob("*.py") if path.stem in engine]
     for name in ("README.md", "pyproject.toml", ".copier-answers.yml", "tests"):
         assert (project / name).exists(), name
     scripts = {
@@ -141,7 +144,7 @@ def test_expected_files(project: Path) -> None:
 def test_a_project_holds_nothing_of_the_other_task(project: Path) -> None:
     answers = answers_of(project)
     package = project / "src" / answers["package_name"]
-    assert (package / "loading.py").is_file()  # the task-independent part
+    assert (package / "engine" / "loading.py").is_file()  # the task-independent part
     for name in TASK_ONLY[answers["task"]][0]:
         assert (package / name).is_file(), name
     texts = [*package.rglob("*.py"), *project.glob("tests/*.py"), *project.glob("configs/*")]
@@ -183,7 +186,7 @@ def test_no_unrendered_jinja(project: Path) -> None:
 
 def test_answers_reach_the_code(project: Path) -> None:
     answers = answers_of(project)
-    config = (project / "src" / answers["package_name"] / "config.py").read_text()
+    config = (project / "src" / answers["package_name"] / "engine" / "config.py").read_text()
     assert f'"{answers["precision"]}"' in config
     if "fsdp" in answers["features"]:
         assert re.search(rf'strategy: str = option\(( *#.*)?\s*"{answers["strategy"]}"', config), config
@@ -196,7 +199,7 @@ def test_answers_reach_the_code(project: Path) -> None:
     # wandb and mlflow are optional extras of their own, with a tracking module and its tests.
     for logger, package in (("wandb", "wandb>="), ("mlflow", "mlflow-skinny>=")):
         assert (f"{logger} = [" in pyproject and package in pyproject) == (answers["logger"] == logger)
-    tracking = project / "src" / answers["package_name"] / "tracking.py"
+    tracking = project / "src" / answers["package_name"] / "engine" / "tracking.py"
     assert tracking.is_file() == (answers["logger"] in ("wandb", "mlflow"))
     assert (project / "tests" / "test_tracking.py").is_file() == tracking.is_file()
 
