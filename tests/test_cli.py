@@ -142,7 +142,7 @@ def test_defaults_render_into_name(tmp_path: Path, template_dir: Path) -> None:
     assert answers["project_name"] == "demo-proj"
     assert answers["package_name"] == "demo_proj"
     assert answers["features"] == [] and "strategy" not in answers  # the lean core
-    assert not (tmp_path / "demo-proj" / "src" / "demo_proj" / "doctor.py").exists()
+    assert not (tmp_path / "demo-proj" / "src" / "demo_proj" / "tools").exists()
     assert "demo_proj.train" in result.output  # next steps name the entry point
     assert listing(tmp_path)[0] == "demo-proj"  # no temporary directory left beside it
 
@@ -154,8 +154,8 @@ def test_data_sets_answers(tmp_path: Path, template_dir: Path) -> None:
     )  # fmt: skip
     answers = answers_of(project)
     assert answers["features"] == ["fsdp", "tools"] and answers["strategy"] == "fsdp"
-    assert (project / "src" / "custom_pkg" / "doctor.py").is_file()
-    assert not (project / "src" / "custom_pkg" / "profiling.py").exists()
+    assert (project / "src" / "custom_pkg" / "tools" / "doctor.py").is_file()
+    assert not (project / "src" / "custom_pkg" / "engine" / "profiling.py").exists()
     assert answers["precision"] == "fp32"
     assert answers["grad_accum_steps"] == 4
     assert answers["launchers"] == ["local", "slurm"]
@@ -414,7 +414,7 @@ def test_two_renders_into_one_target_give_one_project(tmp_path: Path, template_d
     loser = next(err for status, err in results if status == 2)
     assert "rendering into" in loser or "not empty" in loser, loser
     precision = answers_of(tmp_path / "p")["precision"]  # whichever won, all of it is its
-    config = (tmp_path / "p" / "src" / "p" / "config.py").read_text()
+    config = (tmp_path / "p" / "src" / "p" / "engine" / "config.py").read_text()
     assert re.search(rf'precision: str = option\(\s*"{precision}"', config), config
     assert listing(tmp_path)[0] == "p" and not [n for n in listing(tmp_path) if n.startswith(".")]
 
