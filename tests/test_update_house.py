@@ -25,7 +25,7 @@ OWNER_EDITS = [
 ]
 MACHINERY_EDIT = ("checkpoint.py", "for every save\n", "for every save (owner's note)\n")
 # A line 0.9.0 rewrote: the owner's edit of it cannot merge.
-CONFLICTING_EDIT = ("config.py", '"""TrainConfig: every training setting, ', '"""TrainConfig: my lab\'s settings, ')
+CONFLICTING_EDIT = ("config.py", '"""TrainConfig: every training setting,', '"""TrainConfig: our settings,')
 
 
 @pytest.fixture(scope="module")
