@@ -236,7 +236,7 @@ def stage_times(a: argparse.Namespace, project: Path, folder: Path, n: int) -> d
     from torchvision import transforms
 
     sys.path.insert(0, str(project / "src"))
-    from benchproj import images
+    from benchproj.engine import images
 
     torch.set_num_threads(1)
     files = sorted(folder.glob("train/*/*"))[:n]
