@@ -39,7 +39,7 @@ def git(cwd: Path, *args: str) -> str:
 
 def commit_all(repo: Path, message: str) -> None:
     git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", message)
+    git(repo, "commit", "-q", "--allow-empty", "-m", message)  # a clean checkout: nothing new
 
 
 @pytest.fixture(scope="module")
