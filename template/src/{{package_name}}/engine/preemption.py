@@ -113,7 +113,9 @@ class Terminal:
         self.stream.flush()  # what was buffered goes to /dev/null too
 
 
-USAGE_ERROR_GRACE_S = 5.0  # see report_usage_error
+# See report_usage_error. torchrun's SIGTERM after rank 0's exit took over 5 s on a machine
+# running 5 processes per core: a rank waits that long before it reports a mistake of its own.
+USAGE_ERROR_GRACE_S = 20.0
 
 
 def report_usage_error(message: str, env: dist.DistEnv, preemption: Preemption) -> None:
