@@ -253,6 +253,12 @@ class Task(hooks.Task):
         return [f"eval {record['eval_loss']:.4g} mae {record['eval_mae']:.3f}"]
 '''
 OWNER_FILES = ("task.py", "model.py", "data.py")
+# configs/example.toml's data section, for the regression's settings.
+REGRESSION_EXAMPLE = """# Data: a synthetic regression made from --seed
+num_samples = 8192
+val_samples = 1000
+input_dim = 32
+num_targets = 1"""
 # The classifier's tests of its own data (the synthetic labels, --data-path's files): the owner's
 # data replaced that data, so they go with it.
 CLASSIFIER_DATA_TESTS = ("test_data.py", "test_data_files.py")
@@ -268,6 +274,11 @@ def make_it_a_regression(project: Path, package: str) -> None:
     edit(src / "model.py", "Logits of shape (batch, num_classes)", "Predictions (batch, num_targets)")
     edit(src / "model.py", "cfg.depth, sizes.num_classes)", "cfg.depth, sizes.num_targets)")
     edit(project / "tests" / "tiny.toml", "num_classes = 4\n", "num_targets = 2\n")
+    # configs/example.toml holds every setting with its default: the data's section is theirs.
+    example = project / "configs" / "example.toml"
+    text = example.read_text()
+    start, end = text.index("# Data:"), text.index("\n\n# Model")
+    example.write_text(text[:start] + REGRESSION_EXAMPLE + text[end:])
     for name in CLASSIFIER_DATA_TESTS:
         (project / "tests" / name).unlink()
 
@@ -293,8 +304,13 @@ def test_a_regression_costs_the_owner_files_alone_and_the_suite_passes(
     print("the owner's diff:", changed)
     assert changed.keys() <= {f"src/fit/{name}" for name in OWNER_FILES}, changed
     assert sum(changed.values()) <= 250, changed
+    # Besides: configs/example.toml's data section (the settings' defaults), counted apart.
+    config = git(project, "diff", "--numstat", "--", "configs").split()
+    print("configs/example.toml:", config)
+    assert config[2:] == ["configs/example.toml"] and int(config[0]) + int(config[1]) <= 20
     others = {line[3:] for line in git(project, "status", "--porcelain").splitlines()}
-    assert others - {*changed, "tests/tiny.toml"} == {f"tests/{n}" for n in CLASSIFIER_DATA_TESTS}
+    owners = {*changed, "tests/tiny.toml", "configs/example.toml"}
+    assert others - owners == {f"tests/{n}" for n in CLASSIFIER_DATA_TESTS}
     # The owner's metric in the console line and in metrics.jsonl.
     train = [sys.executable, "-m", "fit.train", "--config=tests/tiny.toml", "--max-steps=5"]
     proc = run([*train, f"--out-dir={tmp_path / 'run'}"], cwd=project)
