@@ -561,8 +561,9 @@ def test_update_from_a_release_touches_only_what_changed(release: str, tool: str
         pytest.skip(f"release {release} is not in this clone's history")
     sh([*DDP_NEW, "demo", "-y", "--git", "--vcs-ref", f"v{release}"], tmp_path)
     project = tmp_path / "demo"
-    model = project / "src" / "demo" / "model.py"
-    model.write_text(model.read_text() + "# user edit: keep me\n")
+    model = project / "src" / "demo" / "model.py"  # an edit away from the template's changes
+    edit = "        super().__init__()\n"
+    model.write_text(model.read_text().replace(edit, edit + "        # user edit: keep me\n", 1))
     commit_all(project, "User edit")
     update = [*DDP_NEW, "update"] if tool == "ddp-new" else [*COPIER, "update", "--defaults", "--trust"]
     proc = sh(update, project, check=False)
@@ -570,7 +571,7 @@ def test_update_from_a_release_touches_only_what_changed(release: str, tool: str
     assert git(project, "diff", "--name-only", "--diff-filter=U") == ""
     marked = [p for p in project.rglob("*") if ".git" not in p.parts and p.is_file() and _has_marker(p)]
     assert marked == []
-    assert model.read_text().endswith("# user edit: keep me\n")
+    assert "        super().__init__()\n        # user edit: keep me\n" in model.read_text()
     assert (project / "configs" / "example.toml").is_file() and not (
         project / "configs" / "default.toml"
     ).exists()
@@ -638,8 +639,8 @@ def test_two_updates_at_once_give_one_update(project: Path) -> None:
     assert "is updating" in loser or "uncommitted" in loser, loser  # refused while, or after, the winner ran
     features = answers(project)["features"]
     package = project / "src" / "demo"
-    assert (package / "doctor.py").is_file() == (features == ["tools"]), features
-    assert (package / "profiling.py").is_file() == (features == ["profiler"]), features
+    assert (package / "tools" / "doctor.py").is_file() == (features == ["tools"]), features
+    assert (package / "engine" / "profiling.py").is_file() == (features == ["profiler"]), features
     assert not [path for path in changed_paths(project) if "lock" in path]
     assert not (project / ".git" / "ddp-new-update.lock").exists()
 
@@ -740,7 +741,7 @@ def test_a_commit_that_is_not_a_release_is_named(
 
 # ---------------------------------------------------------------- features (optional capabilities)
 ALL_FEATURES = ["fsdp", "comm_hooks", "tools", "profiler"]
-TOOLS = ("doctor.py", "plot.py", "check_sync.py")
+TOOLS = ("doctor.py", "plot.py", "check_sync.py")  # in tools/ since 0.9.0, at the top before
 
 
 def project_files(project: Path) -> set[str]:
@@ -832,8 +833,9 @@ def test_a_project_from_before_features_keeps_the_capabilities_it_had(
     assert "features" not in answers(project)
     tools = {f"src/demo/{name}" for name in TOOLS}
     assert (tools <= project_files(project)) == bool(had)  # what its version had
-    model = project / "src" / "demo" / "model.py"
-    model.write_text(model.read_text() + "# user edit: keep me\n")
+    model = project / "src" / "demo" / "model.py"  # an edit away from the template's changes
+    edit = "        super().__init__()\n"
+    model.write_text(model.read_text().replace(edit, edit + "        # user edit: keep me\n", 1))
     commit_all(project, "User edit")
 
     update = [*DDP_NEW, "update"] if tool == "ddp-new" else [*COPIER, "update", "--defaults"]
@@ -845,11 +847,12 @@ def test_a_project_from_before_features_keeps_the_capabilities_it_had(
     # the template no longer has at all are gone (moved: sharded.py became fsdp.py), as in any
     # update.
     assert after == expected, sorted(after ^ expected)
-    optional = {"src/demo/fsdp.py", "src/demo/profiling.py", *tools}
+    optional = {"src/demo/engine/fsdp.py", "src/demo/engine/profiling.py"}
+    optional |= {f"src/demo/tools/{name}" for name in TOOLS}
     assert (optional <= after) if had else not (optional & after), sorted(optional & after)
     assert git(project, "diff", "--name-only", "--diff-filter=U") == ""
     assert [p for p in after if _has_marker(project / p)] == []
-    assert model.read_text().endswith("# user edit: keep me\n")
+    assert "        super().__init__()\n        # user edit: keep me\n" in model.read_text()
 
 
 def test_update_adds_and_drops_a_capability(template_repo: Path, tmp_path: Path) -> None:
@@ -858,7 +861,7 @@ def test_update_adds_and_drops_a_capability(template_repo: Path, tmp_path: Path)
     sh([*DDP_NEW, "demo", "-y", "--git", "--template", template_repo], tmp_path)
     project = tmp_path / "demo"
     package = project / "src" / "demo"
-    optional = [package / name for name in TOOLS] + [package / "profiling.py"]
+    optional = [package / "tools" / name for name in TOOLS] + [package / "engine" / "profiling.py"]
     assert answers(project)["features"] == [] and "strategy" not in answers(project)
     assert [path for path in optional if path.exists()] == []
 
@@ -873,7 +876,7 @@ def test_update_adds_and_drops_a_capability(template_repo: Path, tmp_path: Path)
     for path in optional:
         assert path.is_file() and f"added    {path.relative_to(project)}\n" in proc.stdout, proc.stdout
     commit_all(project, "Tools and the profiler")
-    doctor = package / "doctor.py"
+    doctor = package / "tools" / "doctor.py"
     doctor.write_text(doctor.read_text() + "# my own check\n")
     commit_all(project, "My own doctor check")
 
@@ -882,9 +885,9 @@ def test_update_adds_and_drops_a_capability(template_repo: Path, tmp_path: Path)
     assert answers(project)["features"] == []
     assert doctor.read_text().endswith("# my own check\n")
     assert (
-        "conflict src/demo/doctor.py  (your new answers or the new template dropped this file,"
+        "conflict src/demo/tools/doctor.py  (your new answers or the new template dropped this file,"
         " which you had changed: your version is kept" in proc.stderr
     ), proc.stderr
-    assert "src/demo/doctor.py" not in proc.stdout
+    assert "src/demo/tools/doctor.py" not in proc.stdout
     for path in optional[1:]:
         assert not path.exists() and f"removed  {path.relative_to(project)}\n" in proc.stdout, proc.stdout
