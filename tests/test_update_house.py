@@ -45,8 +45,9 @@ def house_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
         shutil.copy2(REPO / "generator" / script, clone / "generator")
     commit_all(clone, "The template on disk")
     released = git(clone, "rev-parse", "HEAD").strip()
-    record = clone / "releases.toml"
-    record.write_text(record.read_text() + f'"{NEXT}" = "{released}"\n')
+    record = clone / "releases.toml"  # NEXT is this commit, recorded already or not
+    kept = [line for line in record.read_text().splitlines(keepends=True) if not line.startswith(f'"{NEXT}"')]
+    record.write_text("".join(kept) + f'"{NEXT}" = "{released}"\n')
     commit_all(clone, f"releases.toml: {NEXT}")
     version, warnings = build_bundle(clone, root / "history.bundle")
     assert (version, warnings) == (f"v{NEXT}", [])
