@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -140,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.worker:
         results = worker(args)
-        print(json.dumps(results))
+        if os.environ["RANK"] == "0":  # one writer: torchrun joins the ranks' stdout into one stream
+            print(json.dumps(results), flush=True)
         return 0
     work = Path(tempfile.mkdtemp(prefix="bench-batchnorm-"))
     try:
