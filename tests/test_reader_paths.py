@@ -33,13 +33,7 @@ RENDERS = {
 # Files over MAX_FILE_LINES, by path under src/PKG/, and why they stay whole (split only to fit a
 # number, a file would send its reader back and forth between two halves of one mechanism).
 KNOWN_LONG = {
-    "engine/keyed.py": "keyed dropout: the hash, the keyed modules, the layout check and the "
-    "names of the draws that cannot be keyed are one mechanism",
     "engine/lock.py": "run.lock: holder record, heartbeat, stale takeover across hosts and pods",
-    "engine/config.py": "RunConfig: one field per engine flag, every task's (with fsdp, comm_hooks "
-    "and profiler, their flags too)",
-    "engine/loading.py": "the sampler, the windows of micro-batches and the loaders that exact "
-    "resume and keyed dropout's sample places rest on",
     "engine/datafiles.py": "--data-path: CSV, Parquet, .npz, .pt and datasets folders converted "
     "chunk by chunk, each bad value one line naming its row and column",
 }

@@ -1,14 +1,12 @@
 """How each rank reads its share of a dataset, for every task: training in whole global
 batches that can start part way through an epoch (exact resume), evaluation in unpadded shards.
 A dataset may return a whole micro-batch from `__getitems__(indices)` as a Batch: one gather
-instead of B small reads and a collate, which made the loader, not the GPU, the bottleneck.
-"""
+instead of B small reads and a collate, which made the loader, not the GPU, the bottleneck."""
 
 import math
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, default_collate
@@ -96,8 +94,7 @@ def build_train_loader(
     dataset: Dataset, cfg: RunConfig, env: DistEnv, device: torch.device
 ) -> tuple[DataLoader, ResumableSampler]:
     """Per-rank loader of micro-batches of --batch-size samples, whole global batches per epoch."""
-    size = global_batch(cfg, env.world_size)
-    sampler = ResumableSampler(dataset, env, seed=cfg.seed, global_batch=size)
+    sampler = ResumableSampler(dataset, env, cfg.seed, global_batch(cfg, env.world_size))
     return _loader(dataset, cfg, device, sampler=sampler), sampler
 
 
@@ -109,34 +106,25 @@ def build_windows(
     return Windows(loader, sampler, cfg.grad_accum_steps)
 
 
-def check_global_batch(samples: int, cfg: RunConfig, world_size: int) -> None:
-    """An epoch reads whole global batches: a training set smaller than one is a ConfigError
-    (one line, before the process group exists), whatever the task's datasets are."""
+def check_global_batch(
+    samples: int, cfg: RunConfig, world_size: int, what: str = "", fix: str = ""
+) -> None:
+    """An epoch reads whole global batches: fewer training samples are a one-line ConfigError.
+    `what` names them and `fix` says what to do, in the data's own terms (a task's prepare)."""
     size = global_batch(cfg, world_size)
     if samples < size:
+        what = what or f"the training set's {samples} samples are"
         raise ConfigError(
-            f"the training set's {samples} samples are less than one global batch (--batch-size"
-            f" x --grad-accum-steps x world size = {size}); use more data or a smaller batch"
+            f"{what} less than one global batch (--batch-size x --grad-accum-steps x world size"
+            f" = {size}); {fix or 'use more data or a smaller batch'}"
         )
 
 
 def copies(sample: Any, count: int, device: torch.device) -> Any:
     """A batch of `count` copies of one sample (0: an empty batch of its shapes), on `device`,
     for the checks and set-up that run the model before training (task.loss takes it)."""
-    batch = collate([sample] * max(count, 1))
-    return to_device(_first(batch, count), device)
-
-
-def _first(batch: Any, count: int) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch[:count]
-    if isinstance(batch, dict):
-        return {key: _first(value, count) for key, value in batch.items()}
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(_first(value, count) for value in batch))
-    if isinstance(batch, list | tuple):
-        return type(batch)(_first(value, count) for value in batch)
-    return batch
+    batch = map_batch(collate([sample] * max(count, 1)), lambda tensor: tensor[:count])
+    return to_device(batch, device)
 
 
 def eval_shard(num_samples: int, env: DistEnv) -> range:
@@ -148,8 +136,7 @@ def eval_shard(num_samples: int, env: DistEnv) -> range:
 def build_eval_loader(
     dataset: Dataset, cfg: RunConfig, env: DistEnv, device: torch.device
 ) -> DataLoader:
-    """Per-rank loader over this rank's shard of the validation set (of its first
-    --eval-batches global batches), in order."""
+    """A loader of this rank's shard of the validation set (its first --eval-batches), in order."""
     if cfg.eval_batches:  # the same samples on any world size
         size = cfg.eval_batches * global_batch(cfg, env.world_size)
         dataset = Subset(dataset, range(min(size, len(dataset))))
@@ -165,12 +152,9 @@ def _loader(dataset: Dataset, cfg: RunConfig, device: torch.device, **kwargs: An
         collate_fn=collate,
         num_workers=workers,
         pin_memory=device.type == "cuda",  # page-locked memory: async host-to-GPU copies
-        # Workers start once and serve every epoch and evaluation (anew, they cost more than an
-        # evaluation); but a worker's copy of the dataset is made when it starts, so with a
-        # dataset that must learn each epoch (set_epoch) they start anew every epoch, unless its
-        # epoch lives in shared memory (shares_epoch). The loader's own RNG: without it,
-        # iter(loader) draws its workers' seed from the global RNG, which dropout uses too, and
-        # a resumed run would draw other masks.
+        # Workers start once for every epoch and evaluation (anew, they cost more than an
+        # evaluation), unless the dataset learns each epoch (set_epoch) in its worker's copy
+        # (shares_epoch). The loader's own RNG keeps iter(loader) off the global one (dropout's).
         persistent_workers=workers > 0 and shares_epoch(dataset),
         prefetch_factor=prefetch_factor(cfg, workers) if workers else None,
         generator=torch.Generator().manual_seed(cfg.seed),
@@ -202,21 +186,16 @@ def shares_epoch(dataset: Dataset) -> bool:
     return getattr(dataset, "shares_epoch", not hasattr(dataset, "set_epoch"))
 
 
-@dataclass
-class Micro:
-    """A micro-batch as the dataset gave it, and its samples' places in the step's global batch
-    (ResumableSampler.places)."""
+class Micro(NamedTuple):
+    """A micro-batch as the dataset gave it, and its samples' places (ResumableSampler.places)."""
 
     batch: Any
     places: range
 
 
 class Windows:
-    """The micro-batches of each optimizer step, epoch after epoch, from where the run stands.
-
-    A window is --grad-accum-steps micro-batches on every rank: one global batch. The sampler
-    deals out whole global batches only (ResumableSampler), so every window is full.
-    """
+    """The micro-batches of each optimizer step, epoch after epoch, from where the run stands:
+    --grad-accum-steps on every rank, one whole global batch (ResumableSampler)."""
 
     def __init__(self, loader: DataLoader, sampler: ResumableSampler, accum: int) -> None:
         self.loader, self.sampler, self.accum = loader, sampler, accum
@@ -253,14 +232,18 @@ class Window:
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
-    """The batch with its tensors on `device`, in tuples, lists and dicts as they were (from
-    pinned memory, the copy does not wait)."""
+    """The batch with its tensors on `device` (from pinned memory, the copy does not wait)."""
+    return map_batch(batch, lambda tensor: tensor.to(device, non_blocking=True))
+
+
+def map_batch(batch: Any, f: Callable[[torch.Tensor], Any]) -> Any:
+    """The batch with `f` applied to its tensors, in tuples, lists and dicts as they were."""
     if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
+        return f(batch)
     if isinstance(batch, dict):
-        return {key: to_device(value, device) for key, value in batch.items()}
+        return {key: map_batch(value, f) for key, value in batch.items()}
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
-        return type(batch)(*(to_device(value, device) for value in batch))
+        return type(batch)(*(map_batch(value, f) for value in batch))
     if isinstance(batch, list | tuple):
-        return type(batch)(to_device(value, device) for value in batch)
+        return type(batch)(map_batch(value, f) for value in batch)
     return batch

@@ -4,7 +4,7 @@ writes them (checkpoint, lock, metrics, resume, best) imports them from here."""
 import re
 from pathlib import Path
 
-CONFIG = "config.toml"  # the run's settings (config.write_settings)
+CONFIG = "config.toml"  # the run's settings (cli.write_settings)
 METRICS = "metrics.jsonl"  # a JSON object per logged step (metrics.Logger)
 CHECKPOINTS = "checkpoints"  # step_00000100.pt ... (checkpoint.py)
 BEST = "best.pt"  # --keep-best (best.py)
