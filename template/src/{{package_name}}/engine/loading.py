@@ -128,8 +128,7 @@ def copies(sample: Any, count: int, device: torch.device) -> Any:
 
 
 def eval_shard(num_samples: int, env: DistEnv) -> range:
-    """Indices this rank evaluates: disjoint, covering, and unpadded (DistributedSampler pads
-    with duplicates, which the metrics would count twice)."""
+    """Indices this rank evaluates: disjoint, covering, unpadded (padding would count twice)."""
     return range(env.rank, num_samples, env.world_size)
 
 
