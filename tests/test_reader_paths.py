@@ -32,11 +32,7 @@ RENDERS = {
 
 # Files over MAX_FILE_LINES, by path under src/PKG/, and why they stay whole (split only to fit a
 # number, a file would send its reader back and forth between two halves of one mechanism).
-KNOWN_LONG = {
-    "engine/lock.py": "run.lock: holder record, heartbeat, stale takeover across hosts and pods",
-    "engine/datafiles.py": "--data-path: CSV, Parquet, .npz, .pt and datasets folders converted "
-    "chunk by chunk, each bad value one line naming its row and column",
-}
+KNOWN_LONG: dict[str, str] = {}
 
 MACHINERY_TEMPLATES = [
     *sorted((REPO / "template" / "src" / "{{package_name}}" / "engine").rglob("*")),

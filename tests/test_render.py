@@ -77,7 +77,7 @@ TASK_ONLY = {
                    r"|safetensors|hugging", re.IGNORECASE),
     ),
     "classifier": (
-        ["engine/datafiles.py"],
+        ["engine/datafiles.py", "engine/formats.py"],
         re.compile(r"cfg\.(num_samples|input_dim|hidden_dim)|--(num-samples|input-dim|hidden-dim)|synthetic"),
     ),
     "image": (

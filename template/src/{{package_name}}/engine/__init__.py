@@ -8,7 +8,7 @@ step.py hand it the task (hooks.Task). Where to look, by what you see:
     which samples a rank reads, resume    loading.py (ResumableSampler), state.py
     a checkpoint refused on resume        resume.py, verify.py (docs/checkpoints.md)
     checkpoint files, their writes        checkpoint.py, files.py, paths.py
-    "another run holds --out-dir"         lock.py
+    "another run holds --out-dir"         runlock.py, lock.py
     NaN or inf loss, skipped steps        nonfinite.py
     SIGTERM, Ctrl-C, exit statuses        preemption.py, loop.py
     metrics.jsonl and the console line    metrics.py

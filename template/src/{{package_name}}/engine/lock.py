@@ -1,24 +1,19 @@
 """Lock files: JSON naming the holder, written in one step, its modification time a heartbeat.
 A live lock keeps others out; a stale one (its holder surely gone) is taken over with a warning.
-RunLock: OUT_DIR/run.lock, one run at a time per --out-dir (docs/checkpoints.md)."""
+Their users: OUT_DIR/run.lock (runlock.py) and the data caches' conversions (files.wait_turn)."""
 
 import contextlib
 import json
 import os
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from . import dist, paths
-from .options import ConfigError
-
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 120.0
 DAMAGED_AFTER_S = 10.0
-LOCK_NAME = paths.LOCK
 
 
 def this_process() -> dict[str, Any]:
@@ -32,28 +27,23 @@ def this_process() -> dict[str, Any]:
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "heartbeat_s": HEARTBEAT_S,  # the file's modification time is refreshed this often
     }
-    for key in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
-        if key in os.environ:
-            me[key.lower()] = os.environ[key]
-    for key in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
-        me[key.lower()] = int(os.environ.get(key, 0))
-    return me
+    env, attempts = os.environ, ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
+    me |= {key.lower(): env[key] for key in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID") if key in env}
+    return me | {key.lower(): int(env.get(key, 0)) for key in attempts}
 
 
 def _pid_namespace() -> str:
     """Containers on one host can share a host name but not their pids: tell them apart."""
-    try:
+    with contextlib.suppress(OSError):
         return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return ""  # not Linux: the host name alone
+    return ""  # not Linux: the host name alone
 
 
 def boot_id() -> str:
     """This machine's boot id; another one means another machine (or a reboot). "": no /proc."""
-    try:
+    with contextlib.suppress(OSError):
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
+    return ""
 
 
 def process_start(pid: int) -> str | None:
@@ -78,10 +68,8 @@ def same_pids(holder: dict[str, Any], me: dict[str, Any]) -> bool:
     """Is the holder's pid one of this process's pids? Same machine (boot id) and pid namespace:
     a replaced pod on another node can repeat the host name, the namespace inode and the pid."""
     theirs, mine = _machine(holder), _machine(me)
-    if theirs and mine and theirs != mine:
-        return False
-    keys = ("host", "pid_namespace")
-    return [holder.get(key) for key in keys] == [me.get(key) for key in keys]
+    same_host = all(holder.get(key) == me.get(key) for key in ("host", "pid_namespace"))
+    return same_host and not (theirs and mine and theirs != mine)
 
 
 def read_lock(path: Path) -> tuple[dict[str, Any] | None, float] | None:
@@ -143,6 +131,7 @@ def pid_exists(pid: Any) -> bool:
 
 
 def describe(holder: dict[str, Any] | None) -> str:
+    """Whose lock it is, in a message."""
     if not holder:
         return "unreadable lock file" if holder is None else "empty or damaged lock file"
     return f"host {holder.get('host')}, pid {holder.get('pid')}, started {holder.get('started')}"
@@ -160,8 +149,7 @@ class LockFile:
         """Take the lock (a stale one with a warning): None if taken, else read_lock's answer."""
         me = this_process()
         for _ in range(3):  # a lock created, removed or taken over meanwhile: look again
-            found = read_lock(self.path)
-            if found is None:
+            if (found := read_lock(self.path)) is None:
                 if self._create(json.dumps(me)):
                     return None
                 continue
@@ -224,55 +212,3 @@ class LockFile:
             if self.content and self.path.read_text(errors="replace") == self.content:
                 self.path.unlink()  # this process's lock, not one that took it over
         self.content = ""
-
-
-def in_use_message(out_dir: str, holder: dict[str, Any] | None) -> str:
-    return (
-        f"--out-dir {out_dir} is in use by another run ({describe(holder)}); wait for it to"
-        " finish or use another --out-dir"
-    )
-
-
-def check_free(out_dir: str) -> None:
-    """Any rank, before the process group: a live run.lock refuses the run at once (acquire
-    decides). Not on several nodes: ranks on other hosts than the holder's would disagree."""
-    if int(os.environ.get("LOCAL_WORLD_SIZE", 1)) < int(os.environ.get("WORLD_SIZE", 1)):
-        return
-    found = read_lock(Path(out_dir) / LOCK_NAME)
-    if found is not None and stale_reason(*found, this_process()) is None:
-        raise ConfigError(in_use_message(out_dir, found[0]))
-
-
-def output_snapshot(out_dir: str) -> tuple[list[str], int]:
-    """What runs leave in OUT_DIR: checkpoint names and the size of metrics.jsonl (-1: none)."""
-    names = sorted(p.name for p in paths.checkpoint_dir(out_dir).glob("step_*.pt"))
-    metrics = Path(out_dir) / paths.METRICS
-    return names, metrics.stat().st_size if metrics.exists() else -1
-
-
-class RunLock(LockFile):
-    """OUT_DIR/run.lock, held by rank 0 from acquire() to release(). `snapshot`: OUT_DIR when
-    --resume was decided (output_snapshot); if another run wrote there since, refused too."""
-
-    def __init__(self, out_dir: str, is_main: bool, snapshot: tuple[list[str], int]) -> None:
-        super().__init__(Path(out_dir) / LOCK_NAME)
-        self.out_dir, self.is_main, self.snapshot = out_dir, is_main, snapshot
-
-    def acquire(self) -> bool:
-        """Rank 0 takes the lock; False on every rank if refused (rank 0 says why). A collective."""
-        refusal = None
-        try:
-            if self.is_main:  # rank 0's file I/O only
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                if (found := self.take()) is not None:
-                    refusal = in_use_message(self.out_dir, found[0])
-                elif output_snapshot(self.out_dir) != self.snapshot:
-                    self.release()
-                    wrote = "another run wrote to it while this one started"
-                    refusal = f"--out-dir {self.out_dir}: {wrote}"
-        except OSError as err:  # a read-only or missing file system, say
-            refusal = f"--out-dir {self.out_dir}: cannot create {self.path}: {err}"
-        refused = any(dist.all_gather_object(refusal))  # every rank calls it
-        if refusal:
-            print(f"error: {refusal}", file=sys.stderr, flush=True)
-        return not refused

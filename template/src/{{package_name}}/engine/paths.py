@@ -8,7 +8,7 @@ CONFIG = "config.toml"  # the run's settings (cli.write_settings)
 METRICS = "metrics.jsonl"  # a JSON object per logged step (metrics.Logger)
 CHECKPOINTS = "checkpoints"  # step_00000100.pt ... (checkpoint.py)
 BEST = "best.pt"  # --keep-best (best.py)
-LOCK = "run.lock"  # who owns the directory (lock.py)
+LOCK = "run.lock"  # who owns the directory (runlock.py)
 CHECKPOINT_NAME = re.compile(r"step_(\d+)\.pt")
 
 

@@ -5,7 +5,7 @@ one line (ConfigError) instead of a traceback or a hang; docs/checkpoints.md has
 A resume may change the run-only settings (run_only=True in config.py), --max-steps (the LR
 schedule is recomputed) and the split of the global batch into --batch-size,
 --grad-accum-steps and the world size; anything else would change the model or the
-optimisation and is refused. A run owns its OUT_DIR (lock.py): --resume never into one that
+optimisation and is refused. A run owns its OUT_DIR (runlock.py): --resume never into one that
 holds a run, and --resume PATH that would mix checkpoints of two runs there, are refused.
 """
 
