@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, default_collate
 
+from . import keyed
 from .config import RunConfig, global_batch
 from .dist import DistEnv
 from .options import ConfigError
@@ -94,6 +95,8 @@ def build_train_loader(
     dataset: Dataset, cfg: RunConfig, env: DistEnv, device: torch.device
 ) -> tuple[DataLoader, ResumableSampler]:
     """Per-rank loader of micro-batches of --batch-size samples, whole global batches per epoch."""
+    if hasattr(dataset, "set_epoch") and not getattr(dataset, "shares_epoch", False):
+        dataset = keyed.SharedEpoch(dataset)
     sampler = ResumableSampler(dataset, env, cfg.seed, global_batch(cfg, env.world_size))
     return _loader(dataset, cfg, device, sampler=sampler), sampler
 
@@ -151,10 +154,10 @@ def _loader(dataset: Dataset, cfg: RunConfig, device: torch.device, **kwargs: An
         collate_fn=collate,
         num_workers=workers,
         pin_memory=device.type == "cuda",  # page-locked memory: async host-to-GPU copies
-        # Workers start once for every epoch and evaluation (anew, they cost more than an
-        # evaluation), unless the dataset learns each epoch (set_epoch) in its worker's copy
-        # (shares_epoch). The loader's own RNG keeps iter(loader) off the global one (dropout's).
-        persistent_workers=workers > 0 and shares_epoch(dataset),
+        # Workers start once for every epoch and evaluation (keyed.SharedEpoch tells them the
+        # epoch of their draws).
+        # The loader's own RNG keeps iter(loader) off the global one (dropout's).
+        persistent_workers=workers > 0,
         prefetch_factor=prefetch_factor(cfg, workers) if workers else None,
         generator=torch.Generator().manual_seed(cfg.seed),
         **kwargs,
@@ -177,12 +180,6 @@ def num_workers(cfg: RunConfig) -> int:
 def prefetch_factor(cfg: RunConfig, workers: int) -> int:
     """--prefetch-factor, or (0: auto) enough for two optimizer steps over all workers."""
     return cfg.prefetch_factor or max(2, math.ceil(2 * cfg.grad_accum_steps / workers))
-
-
-def shares_epoch(dataset: Dataset) -> bool:
-    """Whether the dataset's workers see its set_epoch (or it has none): then they persist."""
-    dataset = dataset.dataset if isinstance(dataset, Subset) else dataset
-    return getattr(dataset, "shares_epoch", not hasattr(dataset, "set_epoch"))
 
 
 class Micro(NamedTuple):
