@@ -6,6 +6,7 @@ step.py hand it the task (hooks.Task). Where to look, by what you see:
     a flag or --config key, its check     config.py, cli.py, options.py
     ranks that do not meet, a hang        dist.py, rendezvous.py (docs/faults.md)
     which samples a rank reads, resume    loading.py (ResumableSampler), state.py
+    a loader worker that hangs or dies    workers.py, loading.py (worker_lost)
     a checkpoint refused on resume        resume.py, verify.py (docs/checkpoints.md)
     checkpoint files, their writes        checkpoint.py, files.py, paths.py
     "another run holds --out-dir"         runlock.py, lock.py

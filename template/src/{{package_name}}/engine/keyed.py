@@ -14,12 +14,10 @@ each multiply), so no product overflows, and a CPU and a GPU compute the same bi
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.data import Dataset
 
 MASK = 0x7FFFFFFF  # 31 bits
 
@@ -66,40 +64,6 @@ KINDS: dict[type, tuple[bool, bool, Callable[..., Tensor]]] = {
     nn.FeatureAlphaDropout: (True, True, F.feature_alpha_dropout),
 }
 ALPHA = 1.7580993408473766  # SELU's -scale * alpha: what alpha dropout sets a dropped element to
-
-
-class SharedEpoch(Dataset):
-    """A dataset whose set_epoch (the epoch of its generator() draws) reaches its loader's
-    workers through shared memory, so that they start once: a worker forked anew each epoch,
-    from a process whose threads (a pending collective, a checkpoint's writer) may hold an
-    interpreter lock then, can hang for good."""
-
-    shares_epoch = True
-
-    def __init__(self, dataset: Dataset) -> None:
-        self.dataset, self.told = dataset, -1  # the epoch this process's copy was told
-        self.epoch = torch.full((), -1, dtype=torch.int64).share_memory_()
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch.fill_(epoch)
-        self._tell()
-
-    def _tell(self) -> None:
-        if int(self.epoch) != self.told:
-            self.told = int(self.epoch)
-            self.dataset.set_epoch(self.told)
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> Any:
-        self._tell()
-        return self.dataset[index]
-
-    def __getitems__(self, indices: list[int]) -> Any:
-        self._tell()
-        getitems = getattr(self.dataset, "__getitems__", None)
-        return getitems(indices) if getitems else [self.dataset[i] for i in indices]
 
 
 class LayoutError(ValueError):

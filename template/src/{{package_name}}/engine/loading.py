@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, default_collate
 
-from . import keyed
 from .config import RunConfig, global_batch
 from .dist import DistEnv
 from .options import ConfigError
+from .workers import Loader, SharedEpoch
 
 if TYPE_CHECKING:
     from .state import Progress
@@ -96,7 +96,7 @@ def build_train_loader(
 ) -> tuple[DataLoader, ResumableSampler]:
     """Per-rank loader of micro-batches of --batch-size samples, whole global batches per epoch."""
     if hasattr(dataset, "set_epoch") and not getattr(dataset, "shares_epoch", False):
-        dataset = keyed.SharedEpoch(dataset)
+        dataset = SharedEpoch(dataset)
     sampler = ResumableSampler(dataset, env, cfg.seed, global_batch(cfg, env.world_size))
     return _loader(dataset, cfg, device, sampler=sampler), sampler
 
@@ -148,14 +148,13 @@ def build_eval_loader(
 
 def _loader(dataset: Dataset, cfg: RunConfig, device: torch.device, **kwargs: Any) -> DataLoader:
     workers = num_workers(cfg)
-    return DataLoader(
+    return Loader(
         dataset,
         batch_size=cfg.batch_size,
         collate_fn=collate,
         num_workers=workers,
         pin_memory=device.type == "cuda",  # page-locked memory: async host-to-GPU copies
-        # Workers start once for every epoch and evaluation (keyed.SharedEpoch tells them the
-        # epoch of their draws).
+        # Workers start once for every epoch and evaluation (workers.py says why).
         # The loader's own RNG keeps iter(loader) off the global one (dropout's).
         persistent_workers=workers > 0,
         prefetch_factor=prefetch_factor(cfg, workers) if workers else None,
