@@ -121,13 +121,15 @@ USAGE_ERROR_GRACE_S = 20.0
 def report_usage_error(message: str, env: dist.DistEnv, preemption: Preemption) -> None:
     """Print a mistake in the settings once, not once per rank: rank 0 reports it, and torchrun
     stops the others with SIGTERM once rank 0 exits. A rank that gets none within a few seconds
-    found a mistake of its own (a GPU missing on its node, say) and reports it itself."""
-    if env.rank != 0:
+    found a mistake of its own (a GPU missing on its node, say) and reports it itself; so does a
+    rank that no torchrun started (nothing would stop it)."""
+    if env.rank != 0 and "TORCHELASTIC_RUN_ID" in os.environ:
         deadline = time.monotonic() + USAGE_ERROR_GRACE_S
         while not preemption.requested and time.monotonic() < deadline:
             time.sleep(0.05)
         if preemption.requested:
             return
+    if env.rank != 0:
         message = f"rank {env.rank}: {message}"
     print(f"error: {message}", file=sys.stderr, flush=True)
 
