@@ -28,9 +28,9 @@ from conftest import REPO, render  # noqa: E402
 from test_generated_project import (  # noqa: E402
     IMAGE_ANSWERS,
     IMAGE_TESTS,
-    SPLIT,
     SUITE_MATRIX,
     SUITE_SELECTION,
+    runs_quick,
     suite_commands,
 )
 
@@ -38,7 +38,7 @@ from test_generated_project import (  # noqa: E402
 def rows() -> dict[str, tuple[dict, list[str], bool, str]]:
     """Each row: its answers, its selection, whether it runs the quick suite too, its Python."""
     table = {
-        name: (SUITE_MATRIX[name], SUITE_SELECTION[name], name not in SPLIT, sys.executable)
+        name: (SUITE_MATRIX[name], SUITE_SELECTION[name], runs_quick(name), sys.executable)
         for name in SUITE_MATRIX
     }
     image_python = os.environ.get("IMAGE_PYTHON", "")

@@ -80,18 +80,33 @@ SUITE_MATRIX = {
     "tools-alone": dict(features=["tools"], launchers=["local"]),
     "profiler-alone": dict(features=["profiler"], launchers=["local"]),
 }  # fmt: skip
-# Every row runs the quick tests (-m "not slow") of its whole suite, so that every answer value is
-# proven by a green quick suite, and the files listed here whole (their slow tests too): the tests
-# that its answers change, so that each runs under the answers it depends on. The lean core's
-# two rows split its whole suite between them instead (test_faults.py is about half of its time),
-# so that two test processes (-n 2) take them at once, and no quick test runs twice on the same
-# answers. Besides: the fsdp default's checkpoints and resume; DDP == one process at fp16 and
-# accumulation 3; a tracking logger (mlflow) and the Kubernetes launcher (the scripts' tests: the
-# lean rows); the language model; and each capability's own tests with that capability alone.
-# A capability alone shares a row with values of other questions, so the rows stay few: each row
-# adds its quick suite (~115 s on one core for the lean core). ruff and the answers that change
-# only text (license, python_version, include_ci): tests/test_render.py.
+# What a row runs follows from what its answers change (the diffs of single-answer renders:
+# docs/maintaining.md, "The CI rows"). The engine imports nothing of the task's, and tests/tiny.toml
+# fixes the precision, so most tests run the same code whatever the answers; such a test runs once,
+# in the lean core's rows, which run its whole suite (split in two: test_faults.py is about half of
+# it). A row whose answers change the training itself (a task, fsdp, comm hooks, accumulation)
+# runs the quick tests (-m "not slow") of its whole suite, and whole the files its answers change:
+# the fsdp default's checkpoints and resume; DDP == one process at fp16 and accumulation 3; the
+# tracking loggers and the Kubernetes launcher; a task's own tests and TASK_TESTS. A row whose
+# answers add only files of their own (tools, the profiler) runs those files and the ones they
+# change; test_rows_run_the_test_files_their_answers_change checks that against the renders.
+# ruff and the answers that change only text (license, python_version, include_ci):
+# tests/test_render.py.
 SPLIT = {"lean-bf16-accum1-all-launchers-wandb-faults", "lean-bf16-accum1-all-launchers-wandb-all-but-faults"}
+OWN_FILES_ONLY = {"tools-alone", "profiler-alone"}  # rows without the quick tests of the rest
+# The tests whose outcome depends on the task's model, data, loss and metrics, beyond the quick
+# ones: N ranks == one process, evaluation, exact resume (keyed randomness and another world size
+# too). Whatever else the engine does (signals, locks, launchers, timeouts) it does alike for any
+# task: proven once, on the classifier, in the lean rows.
+TASK_TESTS = [
+    "tests/test_distributed.py::test_two_ranks_equal_one_process_with_the_same_global_batch",
+    "tests/test_distributed.py::test_replicas_are_bitwise_identical",
+    "tests/test_distributed.py::test_metrics_and_checkpoints",
+    "tests/test_distributed.py::test_resume_mid_epoch_is_exact",
+    "tests/test_distributed.py::test_two_rank_evaluation_equals_one_process",
+    "tests/test_randomness.py", "tests/test_resume.py",
+    "tests/test_faults.py::test_resume_on_another_world_size_with_the_same_global_batch",
+]  # fmt: skip
 SUITE_SELECTION = {
     "lean-bf16-accum1-all-launchers-wandb-faults": ["tests/test_faults.py"],
     "lean-bf16-accum1-all-launchers-wandb-all-but-faults": ["--ignore=tests/test_faults.py"],
@@ -103,19 +118,25 @@ SUITE_SELECTION = {
         "tests/test_tracking.py", "tests/test_kubernetes.py", "tests/test_fsdp.py",
     ],
     "lm-bf16-accum2-local-tools-profiler": [
-        "tests/test_lm.py", "tests/test_hf.py", "tests/test_distributed.py", "tests/test_tools.py",
+        "tests/test_lm.py", "tests/test_hf.py", "tests/test_tools.py", *TASK_TESTS,
     ],
     "tools-alone": ["tests/test_tools.py", "tests/test_plot.py"],
-    "profiler-alone": ["tests/test_profiler.py"],
+    "profiler-alone": ["tests/test_profiler.py", "tests/test_config.py", "tests/test_train.py"],
 }  # fmt: skip
 
 
+def runs_quick(row: str) -> bool:
+    """Whether a row runs the quick tests of the files it does not select as well."""
+    return row not in SPLIT and row not in OWN_FILES_ONLY
+
+
 def suite_commands(interpreter: str, selection: list[str], quick: bool) -> list[list[str]]:
-    """The pytest runs of a row: the quick tests of every file but the selected ones (when
-    `quick`), then the selected files whole."""
+    """The pytest runs of a row: the quick tests of every file and test but the selected ones
+    (when `quick`), then the selection."""
     pytest_ = [interpreter, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider"]
-    files = [item.split("::")[0] for item in selection if not item.startswith("-")]
-    commands = [[*pytest_, "-m", "not slow", *(f"--ignore={f}" for f in files)]] if quick else []
+    chosen = [item for item in selection if not item.startswith("-")]
+    skip = [f"--deselect={item}" if "::" in item else f"--ignore={item}" for item in chosen]
+    commands = [[*pytest_, "-m", "not slow", *skip]] if quick else []
     return [*commands, [*pytest_, *selection]]
 
 
@@ -137,18 +158,33 @@ def run_suite(interpreter: str, project: Path, selection: list[str], quick: bool
 @pytest.mark.parametrize("row", list(SUITE_MATRIX))
 def test_generated_test_suite_passes(template_dir: Path, tmp_path: Path, row: str) -> None:
     project = render(template_dir, tmp_path / "suite", **SUITE_MATRIX[row])
-    run_suite(sys.executable, project, SUITE_SELECTION[row], quick=row not in SPLIT)
+    run_suite(sys.executable, project, SUITE_SELECTION[row], quick=runs_quick(row))
+
+
+def test_rows_run_the_test_files_their_answers_change(template_dir: Path, tmp_path: Path) -> None:
+    """A row without the quick tests of the rest runs every test file that its features add to
+    the suite of the same answers without them, or change in it."""
+    for row in sorted(OWN_FILES_ONLY):
+        (tmp_path / row).mkdir()
+        (tmp_path / f"{row}-base").mkdir()
+        project = render(template_dir, tmp_path / row / "demo", **SUITE_MATRIX[row])
+        base = render(
+            template_dir, tmp_path / f"{row}-base" / "demo", **{**SUITE_MATRIX[row], "features": []}
+        )
+        changed = {
+            f"tests/{path.name}"
+            for path in (project / "tests").glob("test_*.py")
+            if not (base / "tests" / path.name).is_file()
+            or path.read_text() != (base / "tests" / path.name).read_text()
+        }
+        assert changed <= set(SUITE_SELECTION[row]), (row, changed - set(SUITE_SELECTION[row]))
 
 
 # The image task needs torchvision, which must match torch's release: .ci/run makes a venv with
 # both (IMAGE_PYTHON); without one, this row is skipped.
 IMAGE_PYTHON = os.environ.get("IMAGE_PYTHON", "")
 IMAGE_ANSWERS = dict(task="image", launchers=["local"])
-IMAGE_TESTS = [
-    "tests/test_images.py", "tests/test_distributed.py", "tests/test_train.py", "tests/test_config.py",
-    "tests/test_resume.py", "tests/test_randomness.py", "tests/test_errors.py", "tests/test_batchnorm.py",
-    "tests/test_faults.py::test_resume_on_another_world_size_with_the_same_global_batch",
-]  # fmt: skip
+IMAGE_TESTS = ["tests/test_images.py", "tests/test_batchnorm.py", *TASK_TESTS]
 
 
 @pytest.mark.slow
