@@ -81,7 +81,7 @@ SUITE_MATRIX = {
     "profiler-alone": dict(features=["profiler"], launchers=["local"]),
 }  # fmt: skip
 # What a row runs follows from what its answers change (the diffs of single-answer renders:
-# docs/maintaining.md, "The CI rows"). The engine imports nothing of the task's, and tests/tiny.toml
+# docs/maintaining.md, "The test rows"). The engine imports nothing of the task's, and tests/tiny.toml
 # fixes the precision, so most tests run the same code whatever the answers; such a test runs once,
 # in the lean core's rows, which run its whole suite (split in two: test_faults.py is about half of
 # it). A row whose answers change the training itself (a task, fsdp, comm hooks, accumulation)
@@ -98,13 +98,15 @@ OWN_FILES_ONLY = {"tools-alone", "profiler-alone"}  # rows without the quick tes
 # ones: N ranks == one process, evaluation, exact resume (keyed randomness and another world size
 # too). Whatever else the engine does (signals, locks, launchers, timeouts) it does alike for any
 # task: proven once, on the classifier, in the lean rows.
-TASK_TESTS = [
+DDP_TESTS = [
     "tests/test_distributed.py::test_two_ranks_equal_one_process_with_the_same_global_batch",
     "tests/test_distributed.py::test_replicas_are_bitwise_identical",
     "tests/test_distributed.py::test_metrics_and_checkpoints",
     "tests/test_distributed.py::test_resume_mid_epoch_is_exact",
     "tests/test_distributed.py::test_two_rank_evaluation_equals_one_process",
-    "tests/test_randomness.py", "tests/test_resume.py",
+]  # test_distributed.py's other tests: signals, the engine's alike for any task or hook
+TASK_TESTS = [
+    *DDP_TESTS, "tests/test_randomness.py", "tests/test_resume.py",
     "tests/test_faults.py::test_resume_on_another_world_size_with_the_same_global_batch",
 ]  # fmt: skip
 SUITE_SELECTION = {
@@ -112,7 +114,7 @@ SUITE_SELECTION = {
     "lean-bf16-accum1-all-launchers-wandb-all-but-faults": ["--ignore=tests/test_faults.py"],
     "all-features-fsdp-fp16-accum2-local": ["tests/test_checkpoint.py", "tests/test_resume.py"],
     "comm-hooks-alone-fp16-accum3-tensorboard-no-launchers": [
-        "tests/test_config.py", "tests/test_distributed.py", "tests/test_comm_hooks.py",
+        "tests/test_config.py", "tests/test_comm_hooks.py", *DDP_TESTS,
     ],
     "fsdp-alone-fp32-accum2-slurm-kubernetes-mlflow": [
         "tests/test_tracking.py", "tests/test_kubernetes.py", "tests/test_fsdp.py",
