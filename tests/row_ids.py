@@ -52,6 +52,7 @@ def rows() -> dict[str, tuple[dict, list[str], bool, str]]:
 def collect(project: Path, command: list[str]) -> list[str]:
     """The test ids one pytest command of a row would run."""
     env = {**os.environ, "PYTHONPATH": "src"}
+    command = [part for part in command if not part.startswith("--numprocesses")]  # ids, not workers
     done = subprocess.run([*command, "--collect-only"], cwd=project, env=env, capture_output=True, text=True)
     if done.returncode not in (0, 5):  # 5: nothing collected
         raise SystemExit(f"error: collecting in {project}: {done.stdout[-2000:]}{done.stderr[-2000:]}")

@@ -55,13 +55,15 @@ def test_quickstart_in_a_fresh_venv(template_dir: Path, tmp_path: Path) -> None:
     assert "done: 10 steps" in run.stdout + run.stderr
     assert (project / "runs" / "two" / "checkpoints" / "step_00000010.pt").is_file()
     # Its tests find everything they import among what it declares (collecting a test file imports
-    # it), and its quick config and checkpoint tests pass; the whole suite runs in another test.
+    # it), and its quick config and checkpoint tests pass in two test processes, as its README runs
+    # them (pytest-xdist comes with the dev extra); the whole suite runs in another test.
     pytest = [bin_dir / "python", "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     collected = sh([*pytest, "--collect-only"], project, env)
     assert "tests/test_faults.py::" in collected.stdout
     assert re.fullmatch(r"\d+ tests collected in [\d.]+s", collected.stdout.splitlines()[-1])  # no errors
-    tests = sh([*pytest, "-m", "not slow", "tests/test_config.py", "tests/test_checkpoint.py"], project, env)
-    assert " passed" in tests.stdout
+    quick = ["-n", "2", "-m", "not slow", "tests/test_config.py", "tests/test_checkpoint.py"]
+    tests = sh([*pytest, *quick], project, env)
+    assert " passed" in tests.stdout  # without pytest-xdist, -n would be an unknown option
 
     # A project that logs to TensorBoard installs what it needs, and writes its event files.
     logged = render(template_dir, tmp_path / "logged", logger="tensorboard")

@@ -62,8 +62,7 @@ def test_torchrun_two_processes(project: Path, tmp_path: Path) -> None:
 ALL_FEATURES = ["fsdp", "comm_hooks", "tools", "profiler"]
 LEAN = dict(precision="bf16", logger="wandb")
 SUITE_MATRIX = {
-    "lean-bf16-accum1-all-launchers-wandb-faults": LEAN,
-    "lean-bf16-accum1-all-launchers-wandb-all-but-faults": LEAN,
+    "lean-bf16-accum1-all-launchers-wandb": LEAN,
     "all-features-fsdp-fp16-accum2-local": dict(
         features=ALL_FEATURES, strategy="fsdp", precision="fp16", grad_accum_steps=2, launchers=["local"]
     ),
@@ -83,21 +82,21 @@ SUITE_MATRIX = {
 # What a row runs follows from what its answers change (the diffs of single-answer renders:
 # docs/maintaining.md, "The test rows"). The engine imports nothing of the task's, and tests/tiny.toml
 # fixes the precision, so most tests run the same code whatever the answers; such a test runs once,
-# in the lean core's rows, which run its whole suite (split in two: test_faults.py is about half of
-# it). A row whose answers change the training itself (a task, fsdp, comm hooks, accumulation)
-# runs the quick tests (-m "not slow") of its whole suite, and whole the files its answers change:
-# the fsdp default's checkpoints and resume; DDP == one process at fp16 and accumulation 3; the
+# in the lean core's row, which runs its whole suite as its README does (pytest -n 2). A row whose
+# answers change the training itself (a task, fsdp, comm hooks, accumulation) runs the quick
+# tests (-m "not slow") of its whole suite, and whole the files its answers change: the fsdp
+# default's checkpoints and resume; DDP == one process at fp16 and accumulation 3; the
 # tracking loggers and the Kubernetes launcher; a task's own tests and TASK_TESTS. A row whose
 # answers add only files of their own (tools, the profiler) runs those files and the ones they
 # change; test_rows_run_the_test_files_their_answers_change checks that against the renders.
 # ruff and the answers that change only text (license, python_version, include_ci):
 # tests/test_render.py.
-SPLIT = {"lean-bf16-accum1-all-launchers-wandb-faults", "lean-bf16-accum1-all-launchers-wandb-all-but-faults"}
+WHOLE = {"lean-bf16-accum1-all-launchers-wandb"}  # rows that run their whole suite
 OWN_FILES_ONLY = {"tools-alone", "profiler-alone"}  # rows without the quick tests of the rest
 # The tests whose outcome depends on the task's model, data, loss and metrics, beyond the quick
 # ones: N ranks == one process, evaluation, exact resume (keyed randomness and another world size
 # too). Whatever else the engine does (signals, locks, launchers, timeouts) it does alike for any
-# task: proven once, on the classifier, in the lean rows.
+# task: proven once, on the classifier, in the lean row.
 DDP_TESTS = [
     "tests/test_distributed.py::test_two_ranks_equal_one_process_with_the_same_global_batch",
     "tests/test_distributed.py::test_replicas_are_bitwise_identical",
@@ -110,8 +109,7 @@ TASK_TESTS = [
     "tests/test_faults.py::test_resume_on_another_world_size_with_the_same_global_batch",
 ]  # fmt: skip
 SUITE_SELECTION = {
-    "lean-bf16-accum1-all-launchers-wandb-faults": ["tests/test_faults.py"],
-    "lean-bf16-accum1-all-launchers-wandb-all-but-faults": ["--ignore=tests/test_faults.py"],
+    "lean-bf16-accum1-all-launchers-wandb": ["--numprocesses=2"],  # its README's command
     "all-features-fsdp-fp16-accum2-local": ["tests/test_checkpoint.py", "tests/test_resume.py"],
     "comm-hooks-alone-fp16-accum3-tensorboard-no-launchers": [
         "tests/test_config.py", "tests/test_comm_hooks.py", *DDP_TESTS,
@@ -129,7 +127,7 @@ SUITE_SELECTION = {
 
 def runs_quick(row: str) -> bool:
     """Whether a row runs the quick tests of the files it does not select as well."""
-    return row not in SPLIT and row not in OWN_FILES_ONLY
+    return row not in WHOLE and row not in OWN_FILES_ONLY
 
 
 def suite_commands(interpreter: str, selection: list[str], quick: bool) -> list[list[str]]:
@@ -237,7 +235,7 @@ def test_every_answer_value_has_a_green_suite_in_ci() -> None:
             for name, given in [*SUITE_MATRIX.items(), ("image", IMAGE_ANSWERS)]
         }
         renders = [prompts.complete(questions, given, {}, dst) for given in COMBINATIONS.values()]
-    assert set(SUITE_SELECTION) == set(SUITE_MATRIX) and SPLIT <= set(SUITE_MATRIX)
+    assert set(SUITE_SELECTION) == set(SUITE_MATRIX) and WHOLE <= set(SUITE_MATRIX)
     assert TEXT_ONLY <= set(questions)
     missing = [
         f"{key}={value!r}"

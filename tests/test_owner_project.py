@@ -3,7 +3,7 @@ package top) changed as the generated README's "Your own model and data" says, a
 engine's (engine/, train.py, step.py). The project's own tests must pass on them: its quick
 tests, and whole the ones whose outcome depends on the task (TASK_TESTS: N ranks == one process,
 exact resume, evaluation). The engine's other slow tests (signals, locks, launchers, timeouts) run
-the engine alike for any task, which it imports nothing of: the lean rows prove them once.
+the engine alike for any task, which it imports nothing of: the lean row proves them once.
 
 1. Their data and model: a CSV file, a residual network, a setting and a piece of training state
    of their own (engine/state.py, the one place new training state goes), with tests/tiny.toml
