@@ -114,7 +114,7 @@ def make_it_the_owners(project: Path, package: str) -> None:
     tiny.write_text("\n".join([*lines, 'data_path = "data/sample.csv"']) + "\n")
 
 
-def test_the_whole_suite_passes_on_the_owners_model_and_data(template_dir: Path, tmp_path: Path) -> None:
+def test_the_suite_passes_on_the_owners_model_and_data(template_dir: Path, tmp_path: Path) -> None:
     project = render(template_dir, tmp_path / "owned", launchers=["local"])
     make_it_the_owners(project, "owned")
     run_suite(sys.executable, project, [*TASK_TESTS, *(f"tests/{n}" for n in CLASSIFIER_DATA_TESTS)])

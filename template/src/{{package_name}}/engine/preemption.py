@@ -55,7 +55,7 @@ class Preemption:
         self._streams = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = [Terminal(s) if s.isatty() else s for s in self._streams]
         self._done = threading.Event()
-        if "TORCHELASTIC_RUN_ID" in os.environ:  # set by torchrun for its workers
+        if started_by_torchrun():
             parent = os.getppid()
             threading.Thread(target=self._watch, args=(parent,), daemon=True).start()
         return self
@@ -113,6 +113,11 @@ class Terminal:
         self.stream.flush()  # what was buffered goes to /dev/null too
 
 
+def started_by_torchrun() -> bool:
+    """Whether torchrun started this process (it sets TORCHELASTIC_RUN_ID for its workers)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
 # See report_usage_error. torchrun's SIGTERM after rank 0's exit took over 5 s on a machine
 # running 5 processes per core: a rank waits that long before it reports a mistake of its own.
 USAGE_ERROR_GRACE_S = 20.0
@@ -123,13 +128,13 @@ def report_usage_error(message: str, env: dist.DistEnv, preemption: Preemption) 
     stops the others with SIGTERM once rank 0 exits. A rank that gets none within a few seconds
     found a mistake of its own (a GPU missing on its node, say) and reports it itself; so does a
     rank that no torchrun started (nothing would stop it)."""
-    if env.rank != 0 and "TORCHELASTIC_RUN_ID" in os.environ:
-        deadline = time.monotonic() + USAGE_ERROR_GRACE_S
-        while not preemption.requested and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if preemption.requested:
-            return
     if env.rank != 0:
+        if started_by_torchrun():
+            deadline = time.monotonic() + USAGE_ERROR_GRACE_S
+            while not preemption.requested and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if preemption.requested:
+                return
         message = f"rank {env.rank}: {message}"
     print(f"error: {message}", file=sys.stderr, flush=True)
 
