@@ -26,24 +26,27 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 from conftest import REPO, render  # noqa: E402
 from test_generated_project import (  # noqa: E402
+    ENGINE_TESTS,
     IMAGE_ANSWERS,
     IMAGE_TESTS,
     SUITE_MATRIX,
     SUITE_SELECTION,
+    left_out,
     runs_quick,
     suite_commands,
 )
 
 
-def rows() -> dict[str, tuple[dict, list[str], bool, str]]:
-    """Each row: its answers, its selection, whether it runs the quick suite too, its Python."""
+def rows() -> dict[str, tuple[dict, list[str], bool, list[str], str]]:
+    """Each row: its answers, its selection, whether it runs the quick suite too, the quick
+    tests it leaves out, its Python."""
     table = {
-        name: (SUITE_MATRIX[name], SUITE_SELECTION[name], runs_quick(name), sys.executable)
+        name: (SUITE_MATRIX[name], SUITE_SELECTION[name], runs_quick(name), left_out(name), sys.executable)
         for name in SUITE_MATRIX
     }
     image_python = os.environ.get("IMAGE_PYTHON", "")
     if image_python:
-        table["image"] = (IMAGE_ANSWERS, IMAGE_TESTS, True, image_python)
+        table["image"] = (IMAGE_ANSWERS, IMAGE_TESTS, True, ENGINE_TESTS, image_python)
     else:
         print("IMAGE_PYTHON is not set: the image row is left out", file=sys.stderr)
     return table
@@ -68,10 +71,11 @@ def list_rows(out: Path) -> None:
         shutil.copy2(REPO / "copier.yml", template / "copier.yml")
         skip = shutil.ignore_patterns("__pycache__")
         shutil.copytree(REPO / "template", template / "template", ignore=skip)
-        for name, (answers, selection, quick, python) in rows().items():
+        for name, (answers, selection, quick, leave_out, python) in rows().items():
             (Path(work) / name).mkdir()
             project = render(template, Path(work) / name / "demo", **answers)
-            ids = [i for c in suite_commands(python, selection, quick) for i in collect(project, c)]
+            commands = suite_commands(python, selection, quick, leave_out)
+            ids = [i for c in commands for i in collect(project, c)]
             listed[name] = {"answers": answers, "ids": sorted(set(ids))}
             print(f"{name}: {len(listed[name]['ids'])} test ids")
     out.write_text(json.dumps(listed, indent=1) + "\n")

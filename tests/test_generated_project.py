@@ -108,6 +108,15 @@ TASK_TESTS = [
     *DDP_TESTS, "tests/test_randomness.py", "tests/test_resume.py",
     "tests/test_faults.py::test_resume_on_another_world_size_with_the_same_global_batch",
 ]  # fmt: skip
+# The engine's own quick tests: the run lock, the launch scripts, ranks that cannot meet. A task
+# changes none of the engine's code (test_a_task_changes_none_of_the_engine checks the renders),
+# so a task's row leaves them to the lean row, like the engine's slow tests; they still read the
+# task's tiny settings, which the task's own quick tests prove.
+ENGINE_TESTS = [
+    "tests/test_lock.py", "tests/test_launch_scripts.py",
+    "tests/test_errors.py::test_ranks_that_cannot_meet_stop_with_one_line",
+]  # fmt: skip
+TASK_ROWS = {"lm-bf16-accum2-local-tools-profiler"}  # and the image row, and the owner's projects
 SUITE_SELECTION = {
     "lean-bf16-accum1-all-launchers-wandb": ["--numprocesses=2"],  # its README's command
     "all-features-fsdp-fp16-accum2-local": ["tests/test_checkpoint.py", "tests/test_resume.py"],
@@ -130,20 +139,33 @@ def runs_quick(row: str) -> bool:
     return row not in WHOLE and row not in OWN_FILES_ONLY
 
 
-def suite_commands(interpreter: str, selection: list[str], quick: bool) -> list[list[str]]:
+def left_out(row: str) -> list[str]:
+    """The quick tests a row leaves to the lean row: the engine's, in a task's row."""
+    return ENGINE_TESTS if row in TASK_ROWS else []
+
+
+def suite_commands(
+    interpreter: str, selection: list[str], quick: bool, leave_out: list[str] = ()
+) -> list[list[str]]:
     """The pytest runs of a row: the quick tests of every file and test but the selected ones
-    (when `quick`), then the selection."""
+    and `leave_out` (when `quick`), then the selection."""
     pytest_ = [interpreter, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider"]
-    chosen = [item for item in selection if not item.startswith("-")]
+    chosen = [item for item in [*selection, *leave_out] if not item.startswith("-")]
     skip = [f"--deselect={item}" if "::" in item else f"--ignore={item}" for item in chosen]
     commands = [[*pytest_, "-m", "not slow", *skip]] if quick else []
     return [*commands, [*pytest_, *selection]]
 
 
-def run_suite(interpreter: str, project: Path, selection: list[str], quick: bool = True) -> list[str]:
+def run_suite(
+    interpreter: str,
+    project: Path,
+    selection: list[str],
+    quick: bool = True,
+    leave_out: list[str] = (),
+) -> list[str]:
     """Run a row's tests in `project`; assert each run passed; return their outputs."""
     outputs = []
-    for command in suite_commands(interpreter, selection, quick):
+    for command in suite_commands(interpreter, selection, quick, leave_out):
         start = time.monotonic()
         proc = run(command, cwd=project, timeout=2400)  # test_faults.py took over 1200 s under load
         print(f"{' '.join(command[7:])}: {time.monotonic() - start:.0f} s")  # what each part costs
@@ -158,7 +180,7 @@ def run_suite(interpreter: str, project: Path, selection: list[str], quick: bool
 @pytest.mark.parametrize("row", list(SUITE_MATRIX))
 def test_generated_test_suite_passes(template_dir: Path, tmp_path: Path, row: str) -> None:
     project = render(template_dir, tmp_path / "suite", **SUITE_MATRIX[row])
-    run_suite(sys.executable, project, SUITE_SELECTION[row], quick=runs_quick(row))
+    run_suite(sys.executable, project, SUITE_SELECTION[row], runs_quick(row), left_out(row))
 
 
 def test_rows_run_the_test_files_their_answers_change(template_dir: Path, tmp_path: Path) -> None:
@@ -180,6 +202,29 @@ def test_rows_run_the_test_files_their_answers_change(template_dir: Path, tmp_pa
         assert changed <= set(SUITE_SELECTION[row]), (row, changed - set(SUITE_SELECTION[row]))
 
 
+def test_a_task_changes_none_of_the_engine(template_dir: Path, tmp_path: Path) -> None:
+    """What the task rows leave to the lean row (ENGINE_TESTS) runs the same code whatever the
+    task: the engine's modules that two tasks both have, train.py, step.py and the launch scripts
+    are the same files; a task adds data modules of its own (the image folders, the tokenizer)."""
+    renders = {}
+    for task in ("classifier", "lm", "image"):
+        (tmp_path / task).mkdir()
+        renders[task] = render(template_dir, tmp_path / task / "demo", task=task, launchers=["local"])
+    owners = {"task.py", "model.py", "data.py"}
+    base = renders.pop("classifier")
+    for task, project in renders.items():
+        for folder in ("src/demo", "src/demo/engine", "scripts"):
+            names = [{p.name for p in (root / folder).iterdir() if p.is_file()} for root in (base, project)]
+            shared = (names[0] & names[1]) - owners
+            assert shared & {"train.py", "step.py", "runlock.py", "launch.py", "train_local.sh"}
+            differ = [
+                n
+                for n in sorted(shared)
+                if (base / folder / n).read_bytes() != (project / folder / n).read_bytes()
+            ]
+            assert differ == [], (task, folder, differ)
+
+
 # The image task needs torchvision, which must match torch's release: .ci/run makes a venv with
 # both (IMAGE_PYTHON); without one, this row is skipped.
 IMAGE_PYTHON = os.environ.get("IMAGE_PYTHON", "")
@@ -191,7 +236,7 @@ IMAGE_TESTS = ["tests/test_images.py", "tests/test_batchnorm.py", *TASK_TESTS]
 @pytest.mark.skipif(not IMAGE_PYTHON, reason="IMAGE_PYTHON: a Python with torch and torchvision")
 def test_image_project_suite_passes(template_dir: Path, tmp_path: Path) -> None:
     project = render(template_dir, tmp_path / "images", **IMAGE_ANSWERS)
-    outputs = run_suite(IMAGE_PYTHON, project, IMAGE_TESTS)
+    outputs = run_suite(IMAGE_PYTHON, project, IMAGE_TESTS, leave_out=ENGINE_TESTS)
     skipped = [line for out in outputs for line in out.splitlines() if line.startswith("SKIPPED")]
     assert not any("test_images" in s for s in skipped), skipped
 

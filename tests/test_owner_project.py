@@ -2,8 +2,9 @@
 package top) changed as the generated README's "Your own model and data" says, and nothing of the
 engine's (engine/, train.py, step.py). The project's own tests must pass on them: its quick
 tests, and whole the ones whose outcome depends on the task (TASK_TESTS: N ranks == one process,
-exact resume, evaluation). The engine's other slow tests (signals, locks, launchers, timeouts) run
-the engine alike for any task, which it imports nothing of: the lean row proves them once.
+exact resume, evaluation). The engine's own tests (signals, locks, launchers, timeouts, ranks
+that cannot meet: ENGINE_TESTS and the slow ones) run the engine alike for any task, which it
+imports nothing of: the lean row proves them once.
 
 1. Their data and model: a CSV file, a residual network, a setting and a piece of training state
    of their own (engine/state.py, the one place new training state goes), with tests/tiny.toml
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import render, run
-from test_generated_project import TASK_TESTS, run_suite
+from test_generated_project import ENGINE_TESTS, TASK_TESTS, run_suite
 
 pytestmark = pytest.mark.slow
 
@@ -117,7 +118,8 @@ def make_it_the_owners(project: Path, package: str) -> None:
 def test_the_suite_passes_on_the_owners_model_and_data(template_dir: Path, tmp_path: Path) -> None:
     project = render(template_dir, tmp_path / "owned", launchers=["local"])
     make_it_the_owners(project, "owned")
-    run_suite(sys.executable, project, [*TASK_TESTS, *(f"tests/{n}" for n in CLASSIFIER_DATA_TESTS)])
+    selection = [*TASK_TESTS, *(f"tests/{n}" for n in CLASSIFIER_DATA_TESTS)]
+    run_suite(sys.executable, project, selection, leave_out=ENGINE_TESTS)
 
 
 # The regression owner's data.py, task.py and the edits of model.py: float targets of shape
@@ -319,4 +321,4 @@ def test_a_regression_costs_the_owner_files_alone_and_the_suite_passes(
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert {"eval_loss", "eval_mae", "eval_r2"} <= records[-1].keys(), records[-1]
     # The project's quick tests, and whole the tests whose outcome depends on the task.
-    run_suite(sys.executable, project, TASK_TESTS)
+    run_suite(sys.executable, project, TASK_TESTS, leave_out=ENGINE_TESTS)

@@ -119,18 +119,23 @@ def started_by_torchrun() -> bool:
 
 
 # See report_usage_error. torchrun's SIGTERM after rank 0's exit took over 5 s on a machine
-# running 5 processes per core: a rank waits that long before it reports a mistake of its own.
+# running 5 processes per core: a rank waits that long before it reports a mistake of its own,
+# and never more than half of --dist-timeout, which the other ranks wait for it before they
+# report that the ranks cannot meet (the real mistake would come second).
 USAGE_ERROR_GRACE_S = 20.0
 
 
-def report_usage_error(message: str, env: dist.DistEnv, preemption: Preemption) -> None:
+def report_usage_error(
+    message: str, env: dist.DistEnv, preemption: Preemption, dist_timeout: float | None
+) -> None:
     """Print a mistake in the settings once, not once per rank: rank 0 reports it, and torchrun
     stops the others with SIGTERM once rank 0 exits. A rank that gets none within a few seconds
     found a mistake of its own (a GPU missing on its node, say) and reports it itself; so does a
-    rank that no torchrun started (nothing would stop it)."""
+    rank that no torchrun started (nothing would stop it). `dist_timeout`: None until parsed."""
     if env.rank != 0:
         if started_by_torchrun():
-            deadline = time.monotonic() + USAGE_ERROR_GRACE_S
+            grace_s = min(USAGE_ERROR_GRACE_S, (dist_timeout or float("inf")) / 2)
+            deadline = time.monotonic() + grace_s
             while not preemption.requested and time.monotonic() < deadline:
                 time.sleep(0.05)
             if preemption.requested:
