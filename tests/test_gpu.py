@@ -42,9 +42,19 @@ def test_train_on_all_gpus_with_nccl(template_dir: Path, tmp_path: Path, precisi
     assert (out / "checkpoints" / "step_00000030.pt").is_file()
 
 
-@pytest.mark.parametrize("features", [[], ["fsdp", "comm_hooks", "tools", "profiler"]], ids=["lean", "all"])
-def test_generated_gpu_tests_pass(template_dir: Path, tmp_path: Path, features: list[str]) -> None:
-    project = render(template_dir, tmp_path / "proj", features=features)
+ALL_FEATURES = ["fsdp", "comm_hooks", "tools", "profiler"]
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [{}, {"features": ALL_FEATURES}, {"task": "lm"}, {"task": "image"}],
+    ids=["lean", "all", "lm", "image"],
+)
+def test_generated_gpu_tests_pass(template_dir: Path, tmp_path: Path, answers: dict) -> None:
+    # Each task's own project: its model, data and loss under nccl, bf16 and fp16, resume on GPU.
+    if answers.get("task") == "image":
+        pytest.importorskip("torchvision")
+    project = render(template_dir, tmp_path / "proj", **answers)
     proc = run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider"], cwd=project)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert " passed" in proc.stdout, proc.stdout[-2000:]
