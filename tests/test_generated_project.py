@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import os
@@ -108,15 +109,16 @@ TASK_TESTS = [
     *DDP_TESTS, "tests/test_randomness.py", "tests/test_resume.py",
     "tests/test_faults.py::test_resume_on_another_world_size_with_the_same_global_batch",
 ]  # fmt: skip
-# The engine's own quick tests: the run lock, the launch scripts, ranks that cannot meet. A task
-# changes none of the engine's code (test_a_task_changes_none_of_the_engine checks the renders),
-# so a task's row leaves them to the lean row, like the engine's slow tests; they still read the
-# task's tiny settings, which the task's own quick tests prove.
+# The engine's own quick tests: the run lock, the launch scripts, ranks that cannot meet. No
+# task, feature, precision or accumulation changes their code or their tests
+# (test_a_task_changes_none_of_the_engine, test_no_answer_changes_the_engine_tests_code), so
+# every row but the lean one leaves them to it, like the engine's slow tests; they still read
+# the row's tiny settings and train, which the row's own quick tests prove.
 ENGINE_TESTS = [
     "tests/test_lock.py", "tests/test_launch_scripts.py",
     "tests/test_errors.py::test_ranks_that_cannot_meet_stop_with_one_line",
 ]  # fmt: skip
-TASK_ROWS = {"lm-bf16-accum2-local-tools-profiler"}  # and the image row, and the owner's projects
+ENGINE_TESTS_CODE = ["engine/lock.py", "engine/runlock.py", "engine/rendezvous.py", "engine/preemption.py"]
 SUITE_SELECTION = {
     "lean-bf16-accum1-all-launchers-wandb": ["--numprocesses=2"],  # its README's command
     "all-features-fsdp-fp16-accum2-local": ["tests/test_checkpoint.py", "tests/test_resume.py"],
@@ -140,8 +142,8 @@ def runs_quick(row: str) -> bool:
 
 
 def left_out(row: str) -> list[str]:
-    """The quick tests a row leaves to the lean row: the engine's, in a task's row."""
-    return ENGINE_TESTS if row in TASK_ROWS else []
+    """The quick tests a row leaves to the lean row: the engine's."""
+    return [] if row in WHOLE else ENGINE_TESTS
 
 
 def suite_commands(
@@ -223,6 +225,33 @@ def test_a_task_changes_none_of_the_engine(template_dir: Path, tmp_path: Path) -
                 if (base / folder / n).read_bytes() != (project / folder / n).read_bytes()
             ]
             assert differ == [], (task, folder, differ)
+
+
+def test_no_answer_changes_the_engine_tests_code(template_dir: Path, tmp_path: Path) -> None:
+    """What every row but the lean one leaves to it (ENGINE_TESTS) tests the same code in each
+    row's answers: the lock, the rendezvous and the signals' modules and the launch scripts the
+    row has are the lean row's; in the classifier's rows, so are test_lock.py,
+    test_launch_scripts.py and the ranks-cannot-meet test (another task gives them its own data
+    and model settings: test_a_task_changes_none_of_the_engine)."""
+    (tmp_path / "lean").mkdir()
+    lean = render(template_dir, tmp_path / "lean" / "demo", **SUITE_MATRIX[next(iter(WHOLE))])
+
+    def cannot_meet(project: Path) -> str:
+        tree = ast.parse((project / "tests" / "test_errors.py").read_text())
+        name = ENGINE_TESTS[-1].split("::")[1]
+        return next(ast.unparse(f) for f in tree.body if getattr(f, "name", "") == name)
+
+    for row in [r for r in SUITE_MATRIX if r not in WHOLE]:
+        (tmp_path / row).mkdir()
+        project = render(template_dir, tmp_path / row / "demo", **SUITE_MATRIX[row])
+        classifier = SUITE_MATRIX[row].get("task", "classifier") == "classifier"
+        files = [f"src/demo/{path}" for path in ENGINE_TESTS_CODE]
+        files += [f"scripts/{script.name}" for script in (project / "scripts").glob("*")]
+        files += ENGINE_TESTS[:2] if classifier else []
+        present = [f for f in files if (project / f).is_file()]
+        differ = [f for f in present if (project / f).read_bytes() != (lean / f).read_bytes()]
+        assert differ == [], (row, differ)
+        assert not classifier or cannot_meet(project) == cannot_meet(lean), row
 
 
 # The image task needs torchvision, which must match torch's release: .ci/run makes a venv with
