@@ -38,8 +38,9 @@ REQUIRED = {*TrainState.KEYS, "config"}  # checkpoint.py adds the config
 
 
 def may_change(cfg: RunConfig) -> set[str]:
-    """The settings a resume may change: run-only ones, the batch layout and --max-steps."""
-    return run_only_settings(type(cfg)) | BATCH_LAYOUT | {"max_steps"}
+    """The settings a resume may change: run-only ones, the batch layout, --max-steps and
+    --epochs."""
+    return run_only_settings(type(cfg)) | BATCH_LAYOUT | {"max_steps", "epochs"}
 
 
 def find_start(cfg: RunConfig, task: Task, world_size: int, device: torch.device) -> Start:
