@@ -64,17 +64,25 @@ def template_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repo
 
 
-@pytest.fixture
-def project(template_repo: Path, tmp_path: Path) -> Path:
-    """A project rendered from OLD, committed, with a user edit committed on top."""
-    sh([*DDP_NEW, "demo", "-y", "--template", template_repo, "--vcs-ref", OLD], tmp_path)
-    project = tmp_path / "demo"
+@pytest.fixture(scope="module")
+def rendered_project(template_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A project rendered from OLD, committed, with a user edit committed on top: rendered once
+    per module (and xdist worker); each test updates a copy of it (`project`)."""
+    where = tmp_path_factory.mktemp("rendered")
+    sh([*DDP_NEW, "demo", "-y", "--template", template_repo, "--vcs-ref", OLD], where)
+    project = where / "demo"
     git(project, "init", "-q", "-b", "main")
     commit_all(project, "Render from OLD")
     model = project / "src" / "demo" / "model.py"
     model.write_text(model.read_text() + "# user edit: keep me\n")
     commit_all(project, "User edit")
     return project
+
+
+@pytest.fixture
+def project(rendered_project: Path, tmp_path: Path) -> Path:
+    """A copy of `rendered_project`, its git repository included, for one test to change."""
+    return Path(shutil.copytree(rendered_project, tmp_path / "demo", symlinks=True))
 
 
 def changed_paths(project: Path) -> set[str]:

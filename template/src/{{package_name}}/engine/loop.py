@@ -1,4 +1,5 @@
-"""The training loop's bookkeeping (train.py): what is due after a step, and how a run ends."""
+"""The training loop's bookkeeping (train.py): its plan, what is due after a step, and how a run
+ends."""
 
 from dataclasses import dataclass
 
@@ -6,12 +7,22 @@ import torch
 
 from . import dist
 from .checkpoint import Checkpointer, newest_note
-from .config import RunConfig
+from .config import RunConfig, global_batch, steps_per_epoch
 from .metrics import Logger
 from .options import ConfigError
 from .preemption import Preemption
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2  # and Preemption.EXIT_STATUS: 129, 130, 143
+
+
+def plan(cfg: RunConfig, world_size: int, samples: int, step: int) -> str:
+    """The line a run prints before its first step: how many steps of what, from where."""
+    batch, resuming = global_batch(cfg, world_size), f"; from step {step + 1}" if step else ""
+    return (
+        f"training: {cfg.max_steps} steps of {batch} samples ({world_size} x {cfg.batch_size}"
+        f" x {cfg.grad_accum_steps}), {steps_per_epoch(cfg, samples, world_size)} steps an epoch"
+        f"{resuming}"
+    )
 
 
 @dataclass

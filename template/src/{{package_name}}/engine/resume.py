@@ -66,7 +66,8 @@ def find_resume(
         return None
     explicit = cfg.resume != "auto"
     path = Path(cfg.resume if explicit else cfg.out_dir)
-    found, problem = first_readable(path, REQUIRED, device)
+    required = REQUIRED | ({"ema"} if cfg.ema_decay else set())  # TrainState.OPTIONAL
+    found, problem = first_readable(path, required, device)
     if found is None:
         if explicit:
             raise ConfigError(f"--resume {cfg.resume}: no readable checkpoint ({problem})")

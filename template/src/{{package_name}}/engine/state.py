@@ -1,8 +1,9 @@
 """What training changes, and so what an exact resume restores: TrainState.
 
-A new piece of state (an EMA of the weights, a second optimizer) is a field of TrainState, one
-line in each of state_dict() and load_state_dict(), and its name in KEYS: checkpoints and resume
-follow, and a checkpoint from before it is refused with one line (resume.py).
+A new piece of state (a second optimizer, say) is a field of TrainState, one line in each of
+state_dict() and load_state_dict(), and its name in KEYS: checkpoints and resume follow, and a
+checkpoint from before it is refused with one line (resume.py). A piece that a setting turns on
+(the EMA of the weights: --ema-decay, which a resume may not change) is in OPTIONAL instead.
 """
 
 import random
@@ -14,6 +15,7 @@ from torch import nn
 
 from . import dist, optim, parallel
 from .config import RunConfig
+from .ema import WeightAverage
 
 
 @dataclass
@@ -40,19 +42,21 @@ class Progress:
 
 @dataclass
 class TrainState:
-    """The model as it trains (wrapped by parallel.wrap), its optimizer, schedule, loss scaler
-    and the data position."""
+    """The model as it trains (wrapped by parallel.wrap), its optimizer, schedule, loss scaler,
+    the data position, and the average of its weights (--ema-decay, or None)."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
     progress: Progress = field(default_factory=Progress)
+    ema: WeightAverage | None = None
 
     # The entries of every checkpoint: resume.py refuses a file that lacks one before the process
     # group exists. A new entry of state_dict() goes here too (tests/test_checkpoint.py checks).
     KEYS = ("model", "optimizer", "scheduler", "scaler", "step", "epoch", "position", "rng")
     KEYS += ("world_size",)
+    OPTIONAL = ("ema",)  # in a checkpoint when the setting that turns it on is (resume.py)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain types and tensors, every rank's RNG state included. A collective."""
@@ -64,6 +68,7 @@ class TrainState:
             **asdict(self.progress),
             "rng": rng,
             "world_size": len(rng),
+            **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -73,6 +78,8 @@ class TrainState:
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(state["step"], state["epoch"], state["position"])
+        if self.ema is not None:
+            self.ema.load_state_dict(state["ema"])
         rank, world_size = dist.rank(), dist.world_size()
         if state["world_size"] == world_size:
             _set_rng_state(state["rng"][rank], _device_of(self.model))
@@ -87,6 +94,8 @@ class TrainState:
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """--init-from: the model's weights only; optimizer, schedule and progress stay fresh."""
         parallel.load_weights(self.model, weights)
+        if self.ema is not None:  # the average starts at the loaded weights
+            self.ema.restart()
 
 
 def restore(start: Start, state: TrainState, cfg: RunConfig) -> None:
