@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from .config import RunConfig, global_batch
 
@@ -22,9 +23,10 @@ def build_optimizer(
     # takes a found_inf tensor, so a non-finite update is skipped without asking the host.
     fused = device.type in ("cuda", "cpu")
     lr = peak_lr(cfg, world_size)
-    if cfg.optimizer == "sgd":  # fused SGD takes found_inf too
+    if cfg.optimizer == "sgd":  # fused SGD takes found_inf too, but not sharded (FSDP) weights
+        sharded = any(isinstance(p, DTensor) for p in params)
         optimizer: torch.optim.Optimizer = torch.optim.SGD(
-            groups, lr=lr, momentum=cfg.momentum, fused=fused
+            groups, lr=lr, momentum=cfg.momentum, fused=fused and not sharded
         )
     else:
         betas = (cfg.beta1, cfg.beta2)
