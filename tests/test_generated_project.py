@@ -255,10 +255,13 @@ def test_no_answer_changes_the_engine_tests_code(template_dir: Path, tmp_path: P
 
 
 # The image task needs torchvision, which must match torch's release: .ci/run makes a venv with
-# both (IMAGE_PYTHON); without one, this row is skipped.
+# both (IMAGE_PYTHON); without one, this row is skipped. It takes fsdp and comm hooks, which
+# interact with BatchNorm over all ranks (sharded weights, compressed gradients); --strategy
+# stays ddp, so TASK_TESTS run as in the other task rows.
 IMAGE_PYTHON = os.environ.get("IMAGE_PYTHON", "")
-IMAGE_ANSWERS = dict(task="image", launchers=["local"])
+IMAGE_ANSWERS = dict(task="image", launchers=["local"], features=["fsdp", "comm_hooks"])
 IMAGE_TESTS = ["tests/test_images.py", "tests/test_batchnorm.py", *TASK_TESTS]
+IMAGE_TESTS += ["tests/test_fsdp.py", "tests/test_comm_hooks.py"]
 
 
 @pytest.mark.slow
