@@ -84,7 +84,7 @@ def note_host_reads(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScal
         f"note: {type(optimizer).__name__} cannot skip a non-finite update on the device (it takes"
         " no found_inf, as fused Adam, AdamW and SGD do), so every step waits for the gradient"
         " norm on the host: a sync per step. Pass fused=True where the optimizer has it (fused"
-        " SGD cannot update sharded weights: --optimizer sgd with --strategy fsdp)."
+        " SGD cannot update sharded DTensor weights)."
     )
 
 

@@ -23,7 +23,7 @@ def build_optimizer(
     # takes a found_inf tensor, so a non-finite update is skipped without asking the host.
     fused = device.type in ("cuda", "cpu")
     lr = peak_lr(cfg, world_size)
-    if cfg.optimizer == "sgd":  # fused SGD takes found_inf too, but not sharded (FSDP) weights
+    if cfg.optimizer == "sgd":  # fused SGD takes found_inf too, but not sharded DTensor weights
         sharded = any(isinstance(p, DTensor) for p in params)
         optimizer: torch.optim.Optimizer = torch.optim.SGD(
             groups, lr=lr, momentum=cfg.momentum, fused=fused and not sharded
