@@ -29,13 +29,13 @@ class WeightAverage:
         pairs = [(mine[name], theirs[name].detach()) for name in mine]
         self.averaged = [pair for pair in pairs if pair[0].is_floating_point()]
         self.copied = [pair for pair in pairs if not pair[0].is_floating_point()]
+        self.lerped = tuple(zip(*self.averaged, strict=True))  # (averages, models), for update()
 
     @torch.no_grad()
     def update(self) -> None:
         """One step of the average, after the optimizer's step: device work only."""
         if self.averaged:
-            ema, model = zip(*self.averaged, strict=True)
-            torch._foreach_lerp_(ema, model, 1 - self.decay)
+            torch._foreach_lerp_(*self.lerped, 1 - self.decay)
         for ema, model in self.copied:
             ema.copy_(model)
 

@@ -66,7 +66,7 @@ def find_resume(
         return None
     explicit = cfg.resume != "auto"
     path = Path(cfg.resume if explicit else cfg.out_dir)
-    required = REQUIRED | ({"ema"} if cfg.ema_decay else set())  # TrainState.OPTIONAL
+    required = REQUIRED | {key for key, on in TrainState.OPTIONAL.items() if getattr(cfg, on)}
     found, problem = first_readable(path, required, device)
     if found is None:
         if explicit:

@@ -56,7 +56,7 @@ class TrainState:
     # group exists. A new entry of state_dict() goes here too (tests/test_checkpoint.py checks).
     KEYS = ("model", "optimizer", "scheduler", "scaler", "step", "epoch", "position", "rng")
     KEYS += ("world_size",)
-    OPTIONAL = ("ema",)  # in a checkpoint when the setting that turns it on is (resume.py)
+    OPTIONAL = {"ema": "ema_decay"}  # entry: the setting that puts it in (resume.py requires it)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain types and tensors, every rank's RNG state included. A collective."""

@@ -11,7 +11,8 @@ forwards do not take is not seen.
 """
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -147,7 +148,6 @@ def probe(model: nn.Module, run: Callable[[int], object]) -> dict[str, str]:
         running.pop()
 
     modes = {m: m.training for m in model.modules()}
-    buffers = [(b, b.clone()) for b in model.buffers()]
     hooks = []
     for name, module in model.named_modules():
         hooks.append(module.register_forward_pre_hook(functools.partial(enter, name)))
@@ -159,7 +159,11 @@ def probe(model: nn.Module, run: Callable[[int], object]) -> dict[str, str]:
     found = Draws(running)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     try:
-        with torch.no_grad(), torch.random.fork_rng([device] if device.type == "cuda" else []):
+        with (
+            torch.no_grad(),
+            torch.random.fork_rng([device] if device.type == "cuda" else []),
+            keeping_buffers(model),
+        ):
             for batch_size in (2, 3):
                 with batch(model, 0, 0, range(batch_size), device), found:
                     run(batch_size)
@@ -172,10 +176,19 @@ def probe(model: nn.Module, run: Callable[[int], object]) -> dict[str, str]:
             hook.remove()
         for module, training in modes.items():
             module.training = training
-        with torch.no_grad():
-            for tensor, saved in buffers:
-                tensor.copy_(saved)
     return {
         name: f"{', '.join(f'{f}()' for f in called)} in {type(model.get_submodule(name)).__name__}"
         for name, called in found.found.items()
     }
+
+
+@contextmanager
+def keeping_buffers(model: nn.Module) -> Iterator[None]:
+    """Put the model's buffers (BatchNorm's running statistics) back as they were on leaving."""
+    saved = [(buffer, buffer.clone()) for buffer in model.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in saved:
+                buffer.copy_(value)
