@@ -16,7 +16,9 @@ reference-same-work, and where each contender's window went (data wait, forward 
 the rest). Then the data loading alone: images/s per loader worker of the trainer's dataset
 (images.py) and of torchvision's ImageFolder + transforms on the same files, at 1 and 2
 workers, with and without the JPEG draft shortcut; the time per image of each stage; and the
-trainer's own data_wait_frac from its metrics.jsonl (--num-workers as set, and 0).
+trainer's own data_wait_frac from its metrics.jsonl (--num-workers as set, and 0). Last, one
+epoch of the trainer as a user runs it, per world size, with a clock on each phase
+(bench/image_phases.py): where the time outside the training steps and evaluations goes.
 """
 
 from __future__ import annotations
@@ -307,6 +309,64 @@ def data_wait_runs(a, folders, env, work) -> list[dict[str, Any]]:
     return out
 
 
+# The phases of bench/image_phases.py in the order a run passes them, and what the report calls
+# the time outside the training steps and the evaluations (start-up and exit).
+PHASES = [
+    "torchrun and the interpreter", "import torch", "import torchvision", "import the project",
+    "prepare the data", "build the datasets", "find the start (resume)", "process group",
+    "run lock", "settings file", "build the run (model, DDP, checks, loaders)", "steps",
+    "evaluations", "checkpoint saves (the step's part)", "checkpoint waits (the write's rest)",
+    "teardown (process group)",
+]  # fmt: skip
+
+
+def startup_runs(a, folders, env, work) -> list[dict[str, Any]]:
+    """One epoch of the trainer as a user runs it (its own evaluation and checkpoint defaults)
+    under bench/image_phases.py's clock, per world size: where the time outside the steps goes."""
+    fmt_, data = next(iter(folders.items()))
+    out = []
+    for ws in a.world_sizes:
+        run_dir = work / f"startup-{ws}"
+        trainer = [
+            f"--data-path={data}", f"--image-size={a.image_size}", f"--model={a.model}",
+            f"--batch-size={a.batch_size}", f"--num-workers={a.num_workers}", "--seed=0",
+            f"--device={a.device}", f"--precision={a.precision}", "--epochs=1",
+            f"--out-dir={run_dir}", "--resume=never",
+        ]  # fmt: skip
+        cmd = torchrun(ws, "bench.image_phases", ["--package", PACKAGE, "--", *trainer])
+        record = run_one(cmd, {**env, "BENCH_LAUNCHED": repr(time.time())}, a.timeout)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        record.update(format=fmt_, world_size=ws)
+        if "error" not in record and record["exit_status"] != 0:
+            record["error"] = f"the trainer exited with status {record['exit_status']}"
+        if "error" not in record:
+            reached = record.get("exit handlers reached", record["main returned"])
+            record["main's return to the exit handlers"] = reached - record["main returned"]
+            record["exit handlers to torchrun's exit"] = record["wall_s"] - reached
+            inside = record.get("steps", 0.0) + record.get("evaluations", 0.0)
+            record["outside steps and evaluations"] = record["wall_s"] - inside
+            record["imports to first step"] = record["first step done"] - record["imports done"]
+            record["last save to exit"] = record["wall_s"] - record["last save done"]
+        out.append(record)
+        print_startup(record)
+    return out
+
+
+def print_startup(r: dict[str, Any]) -> None:
+    if "error" in r:
+        print(f"start-up run W={r['world_size']}: {r['error']}", flush=True)
+        return
+    steps = r["calls"].get("steps", 0)
+    print(f"\none epoch, W={r['world_size']} ({steps} steps), {r['wall_s']:.1f} s from launch to exit;"
+          f" outside the steps and evaluations {r['outside steps and evaluations']:.1f} s;"
+          f" imports to the end of the first step {r['imports to first step']:.1f} s;"
+          f" the last save to the exit {r['last save to exit']:.1f} s", flush=True)  # fmt: skip
+    for phase in [*PHASES, "main's return to the exit handlers", "exit handlers to torchrun's exit"]:
+        if phase in r:
+            calls = r["calls"].get(phase, 1)
+            print(f"  {phase:<46}{r[phase]:>7.2f} s" + (f"  ({calls} calls)" if calls > 1 else ""))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.image", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="1 round, few steps and images, JPEG loader only")
@@ -332,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timed", type=int, help="timed steps (default 20; 3 with --quick)")
     p.add_argument("--loader-workers", default="1,2", help="worker counts of the loader-only runs")
     p.add_argument("--no-loader", action="store_true", help="skip the data-loading breakdown")
+    p.add_argument("--no-startup", action="store_true", help="skip the one-epoch start-up/exit runs")
     p.add_argument("--wait-quiet", type=float, default=0, metavar="S", help="wait <= S s for idle cores")
     p.add_argument("--timeout", type=float, default=600, help="seconds one run may take")
     p.add_argument("--json", type=Path, help="results file (default bench/results/image-DATE.json)")
@@ -389,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         env = environment(a.threads, project)
         load_before = os.getloadavg()
         runs = run_rounds(a, {f: folders[f] for f in formats}, env, work)
-        loader, stages, waits = [], {}, []
+        loader, stages, waits, startup = [], {}, [], []
         if not a.no_loader:
             if not a.quick:  # ImageNet-sized photos: where draft decoding pays
                 folders["jpeg-large"] = work / "images-jpeg-large"
@@ -400,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
                     stages[f"{fmt_}, {what}"] = times
             if not a.quick:
                 waits = data_wait_runs(a, {formats[0]: folders[formats[0]]}, env, work)
+        if not a.no_startup:
+            startup = startup_runs(a, {formats[0]: folders[formats[0]]}, env, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result = {
@@ -431,12 +494,13 @@ def main(argv: list[str] | None = None) -> int:
         "loader": loader,
         "stages_us": stages,
         "trainer_data_wait": waits,
+        "startup": startup,
         "runs": runs,
     }
     path = save_results("image", result, a.json)
     print_report(result)
     print(f"\nresults: {path}  ({result['duration_s'] / 60:.1f} min)")
-    return 1 if any("error" in r for r in runs) else 0
+    return 1 if any("error" in r for r in [*runs, *startup]) else 0
 
 
 if __name__ == "__main__":

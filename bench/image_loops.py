@@ -1,9 +1,9 @@
-"""The image workload's contenders: two hand-written torchvision DDP loops and the generated trainer.
+"""The image workload's contenders: three hand-written torchvision DDP loops and the generated trainer.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 -m bench.image_loops \
         --contender reference-same-work --data-path DATA --image-size 64 --max-steps 24 ...
 
-All three train the same torchvision model (--model, --num-classes of the folder) on the same
+All four train the same torchvision model (--model, --num-classes of the folder) on the same
 folder DATA/train/CLASS/*, per-rank batch --batch-size, no accumulation, under bench.timing's
 clock. Each prints one result line on rank 0 with, inside the timed window, the seconds spent
 waiting for the loader (`data_s`), in forward + backward (`compute_s`, DDP's all-reduce
@@ -21,6 +21,14 @@ included) and in the rest (`other_s`: clipping, the update, the schedule, bookke
   SGD (lr 0.1, momentum 0.9, weight decay 1e-4), AverageMeters for time, data time, loss
   (loss.item() every step), top-1 and top-5 (accuracy() every step), a progress line every
   10 steps, StepLR per epoch, no mixed precision, no SyncBatchNorm.
+- timm-train: the structure of timm's train.py `train_one_epoch` with its default loader
+  (`create_loader` with the prefetcher): the workers crop and flip as the others do but hand
+  over uint8 tensors (a quarter of float32's bytes between processes), and the main process
+  converts and normalises them on the device (PrefetchLoader); SGD as timm's `--opt sgd`
+  (Nesterov, momentum 0.9, weight decay 2e-5 off biases and norms), label smoothing 0.1,
+  `loss.item()` every step at W=1 only, at W>1 an all-reduce of the loss and `.item()` every
+  `--log-interval` (50) steps, BatchNorm over all ranks at W > 1 as `--sync-bn` (converted as the
+  reference's). timm's default ColorJitter(0.4) is left out: the same augmentation for all.
 - generated: the rendered trainer (`<package>.train.main`, unmodified), with whatever flags
   follow `--`; the data wait is the trainer's own (forward_backward returns it).
 """
@@ -48,7 +56,7 @@ from .generated import read_metrics, side_work_overhead_pct, time_side_work
 from .loops import DTYPES, drain_and_destroy
 from .timing import StepClock, Timers, emit
 
-CONTENDERS = ("reference-same-work", "examples-imagenet", "generated")
+CONTENDERS = ("reference-same-work", "examples-imagenet", "timm-train", "generated")
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
@@ -69,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", default="fp32", choices=list(DTYPES))
     p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--log-interval", type=int, default=50, help="timm-train: its loss reduction")
     p.add_argument("--out-dir", type=Path, help="generated: the trainer's --out-dir")
     p.add_argument("trainer_args", nargs=argparse.REMAINDER, help="generated: -- TRAINER FLAGS")
     return p
@@ -263,6 +272,63 @@ def run_examples(args: argparse.Namespace) -> None:
         scheduler.step()
 
 
+def run_timm(args: argparse.Namespace) -> None:
+    device = setup(args)
+    world = dist.get_world_size()
+    crop = [transforms.RandomResizedCrop(args.image_size), transforms.RandomHorizontalFlip()]
+    dataset = torchvision.datasets.ImageFolder(
+        str(args.data_path / "train"), transforms.Compose([*crop, transforms.PILToTensor()])
+    )
+    sampler, loader_ = loader(dataset, args, device, same_as_trainer=True)
+    mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255
+    std = torch.tensor(STD, device=device).view(1, 3, 1, 1) * 255
+    model = torchvision.models.get_model(args.model, num_classes=len(dataset.classes))
+    if world > 1 and device.type == "cuda":
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    elif world > 1:
+        model = importlib.import_module(f"{args.package}.engine.syncbn").convert_batchnorm(model, False)
+    model = model.to(device)
+    channels_last = args.channels_last and device.type == "cuda"
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    model = nn.parallel.DistributedDataParallel(
+        model, device_ids=[device.index] if device.index is not None else None
+    )
+    decay = [p for p in model.parameters() if p.dim() > 1]
+    no_decay = [p for p in model.parameters() if p.dim() <= 1]
+    groups = [{"params": no_decay, "weight_decay": 0.0}, {"params": decay, "weight_decay": 2e-5}]
+    optimizer = torch.optim.SGD(groups, lr=0.05, momentum=0.9, nesterov=True)
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
+    amp = torch.autocast(device.type, dtype=DTYPES[args.precision], enabled=args.precision != "fp32")
+    clock = StepClock(args.warmup, args.timed, optimizer_type=torch.optim.SGD)
+    split = Split(clock)
+    losses = AverageMeter("Loss")
+    data = batches(loader_, sampler)
+    for step in range(args.max_steps):
+        started = time.perf_counter()
+        images, target = next(data)
+        split.add("data_s", started)
+        started = time.perf_counter()
+        # PrefetchLoader: to the device, then float and normalised there
+        images = images.to(device, non_blocking=True).float().sub_(mean).div_(std)
+        target = target.to(device, non_blocking=True)
+        if channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        with amp:
+            loss = loss_fn(model(images), target)
+        if world == 1:
+            losses.update(loss.item(), images.size(0))
+        optimizer.zero_grad()
+        loss.backward()
+        split.add("compute_s", started)
+        optimizer.step()
+        if world > 1 and step % args.log_interval == 0:
+            reduced = loss.detach().clone()
+            dist.all_reduce(reduced)
+            losses.update(reduced.item() / world, images.size(0))
+    finish(args, clock, split, world, loss)
+
+
 def finish(args, clock: StepClock, split: Split, world: int, loss: torch.Tensor) -> None:
     result = clock.result(args.batch_size * world)
     emit(
@@ -298,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("need 1 <= --warmup and --warmup + --timed <= --max-steps")
     if args.contender == "generated":
         return run_generated(args)
-    (run_reference if args.contender == "reference-same-work" else run_examples)(args)
+    loops = {"reference-same-work": run_reference, "examples-imagenet": run_examples, "timm-train": run_timm}
+    loops[args.contender](args)
     return 0
 
 

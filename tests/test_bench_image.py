@@ -18,6 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_bench_image_quick_reports_every_contender(tmp_path: Path) -> None:
     pytest.importorskip("torchvision")
+    from bench.image import PHASES  # noqa: PLC0415 (needs numpy, which the image venv has)
+
     out = tmp_path / "image.json"
     cmd = [sys.executable, "-m", "bench.image", "--quick", "--world-sizes", "1", "--json", str(out)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -27,13 +29,22 @@ def test_bench_image_quick_reports_every_contender(tmp_path: Path) -> None:
     assert str(out) in done.stdout  # the results path is printed
 
     result = json.loads(out.read_text())
-    assert result["contenders"] == ["reference-same-work", "examples-imagenet", "generated"]
+    assert result["contenders"] == ["reference-same-work", "examples-imagenet", "timm-train", "generated"]
     rows = result["summary"]["jpeg W=1"]
     for contender in result["contenders"]:
         rate = rows[contender]["median_images_per_sec"]
         assert rate is not None and math.isfinite(rate) and rate > 0, (contender, rate)
         shares = [rows[contender][k] for k in ("data_share", "compute_share", "other_share")]
         assert all(s is not None for s in shares) and math.isclose(sum(shares), 1.0), (contender, shares)
+    # The start-up account: one epoch (16 images a class, 8 classes, batch 16: 8 steps), every
+    # phase clocked, the phases inside the run's wall time.
+    (startup,) = result["startup"]
+    assert "error" not in startup and startup["exit_status"] == 0, startup
+    assert startup["calls"]["steps"] == 8
+    phases = [startup[p] for p in PHASES]
+    assert all(s >= 0 for s in phases), startup
+    assert sum(phases) < startup["wall_s"], startup
+    assert 0 < startup["first step done"] < startup["last save done"] < startup["wall_s"], startup
     runs = result["runs"]
     assert all(r["optimizer_steps_seen"] == r["warmup_steps"] + r["timed_steps"] + 1 for r in runs)
     assert all(r["global_batch"] == 16 for r in runs)

@@ -262,6 +262,12 @@ IMAGE_PYTHON = os.environ.get("IMAGE_PYTHON", "")
 IMAGE_ANSWERS = dict(task="image", launchers=["local"], features=["fsdp", "comm_hooks"])
 IMAGE_TESTS = ["tests/test_images.py", "tests/test_batchnorm.py", *TASK_TESTS]
 IMAGE_TESTS += ["tests/test_fsdp.py", "tests/test_comm_hooks.py"]
+# test_fsdp.py's damaged and incomplete sharded checkpoints: files the engine refuses whatever
+# the model (its checkpoint.py and loading.py), left to the fsdp rows.
+IMAGE_TESTS += [
+    "--deselect=tests/test_fsdp.py::test_an_incomplete_sharded_checkpoint_is_never_resumed",
+    "--deselect=tests/test_fsdp.py::test_a_sharded_checkpoint_with_a_damaged_shard_file_is_skipped",
+]
 
 
 @pytest.mark.slow
