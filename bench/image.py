@@ -494,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         "loader": loader,
         "stages_us": stages,
         "trainer_data_wait": waits,
+        "startup_phases": PHASES,
         "startup": startup,
         "runs": runs,
     }

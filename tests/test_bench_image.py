@@ -3,6 +3,7 @@ generated folder and reports a positive images/s. No speed assertions: figures b
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -17,11 +18,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_bench_image_quick_reports_every_contender(tmp_path: Path) -> None:
-    pytest.importorskip("torchvision")
-    from bench.image import PHASES  # noqa: PLC0415 (needs numpy, which the image venv has)
-
+    # In a Python with torchvision: this one, or the image task's venv (.ci/run's IMAGE_PYTHON).
+    python = sys.executable if importlib.util.find_spec("torchvision") else os.environ.get("IMAGE_PYTHON")
+    if not python:
+        pytest.skip("needs torchvision, here or in IMAGE_PYTHON")
     out = tmp_path / "image.json"
-    cmd = [sys.executable, "-m", "bench.image", "--quick", "--world-sizes", "1", "--json", str(out)]
+    cmd = [python, "-m", "bench.image", "--quick", "--world-sizes", "1", "--json", str(out)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -41,7 +43,8 @@ def test_bench_image_quick_reports_every_contender(tmp_path: Path) -> None:
     (startup,) = result["startup"]
     assert "error" not in startup and startup["exit_status"] == 0, startup
     assert startup["calls"]["steps"] == 8
-    phases = [startup[p] for p in PHASES]
+    phases = [startup[p] for p in result["startup_phases"]]
+    assert len(phases) > 10, result["startup_phases"]
     assert all(s >= 0 for s in phases), startup
     assert sum(phases) < startup["wall_s"], startup
     assert 0 < startup["first step done"] < startup["last save done"] < startup["wall_s"], startup
