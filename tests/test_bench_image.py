@@ -54,3 +54,17 @@ def test_bench_image_quick_reports_every_contender(tmp_path: Path) -> None:
     loader = {(r["pipeline"], r["workers"]) for r in result["loader"]}
     assert ("trainer (images.py)", 1) in loader and ("torchvision ImageFolder", 2) in loader
     assert all(r["per_worker"] > 0 for r in result["loader"])
+
+
+@pytest.mark.slow
+def test_image_step_bench_times_each_variant() -> None:
+    python = sys.executable if importlib.util.find_spec("torchvision") else os.environ.get("IMAGE_PYTHON")
+    if not python:
+        pytest.skip("needs torchvision, here or in IMAGE_PYTHON")
+    cmd = [python, "-m", "bench.image_step", "--rounds", "2", "--steps", "1"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("  ")]
+    assert [row[0] for row in rows] == ["torch-dropout", "keyed-dropout", "torch-dropout-again"]
+    assert all(float(row[1]) > 0 for row in rows) and rows[0][3] == "x1.0000", rows
