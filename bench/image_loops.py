@@ -140,8 +140,31 @@ class Split:
         if self.timers.active():
             self.seconds[key] += time.perf_counter() - started
 
+    def next_batch(self, data):
+        """The next batch, its wait counted as data_s."""
+        started = time.perf_counter()
+        batch = next(data)
+        self.add("data_s", started)
+        return batch
+
     def result(self, window_s: float) -> dict[str, float]:
         return {**self.seconds, "other_s": window_s - sum(self.seconds.values())}
+
+
+def synced_ddp(args: argparse.Namespace, device: torch.device, world: int, classes: int) -> nn.Module:
+    """--model in DDP, with BatchNorm over all ranks at W > 1 (as the trainer's --sync-bn):
+    torch's SyncBatchNorm on CUDA; on CPU, where it refuses gloo, the project's syncbn.py."""
+    model = torchvision.models.get_model(args.model, num_classes=classes)
+    if world > 1 and device.type == "cuda":
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    elif world > 1:
+        model = importlib.import_module(f"{args.package}.engine.syncbn").convert_batchnorm(model, False)
+    model = model.to(device)
+    if args.channels_last and device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)
+    return nn.parallel.DistributedDataParallel(
+        model, device_ids=[device.index] if device.index is not None else None
+    )
 
 
 def run_reference(args: argparse.Namespace) -> None:
@@ -149,17 +172,7 @@ def run_reference(args: argparse.Namespace) -> None:
     world = dist.get_world_size()
     dataset = image_folder(args)
     sampler, loader_ = loader(dataset, args, device, same_as_trainer=True)
-    model = torchvision.models.get_model(args.model, num_classes=len(dataset.classes))
-    if world > 1 and device.type == "cuda":
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    elif world > 1:  # SyncBatchNorm needs CUDA: the project's all-reduce BatchNorm
-        model = importlib.import_module(f"{args.package}.engine.syncbn").convert_batchnorm(model, False)
-    model = model.to(device)
-    if args.channels_last and device.type == "cuda":
-        model = model.to(memory_format=torch.channels_last)
-    ddp = nn.parallel.DistributedDataParallel(
-        model, device_ids=[device.index] if device.index is not None else None
-    )
+    ddp = synced_ddp(args, device, world, len(dataset.classes))
     params = [p for p in ddp.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.01},
@@ -180,9 +193,7 @@ def run_reference(args: argparse.Namespace) -> None:
     split = Split(clock)
     data = batches(loader_, sampler)
     for _ in range(args.max_steps):
-        started = time.perf_counter()
-        inputs, labels = next(data)
-        split.add("data_s", started)
+        inputs, labels = split.next_batch(data)
         started = time.perf_counter()
         inputs = inputs.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
@@ -282,18 +293,8 @@ def run_timm(args: argparse.Namespace) -> None:
     sampler, loader_ = loader(dataset, args, device, same_as_trainer=True)
     mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255
     std = torch.tensor(STD, device=device).view(1, 3, 1, 1) * 255
-    model = torchvision.models.get_model(args.model, num_classes=len(dataset.classes))
-    if world > 1 and device.type == "cuda":
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    elif world > 1:
-        model = importlib.import_module(f"{args.package}.engine.syncbn").convert_batchnorm(model, False)
-    model = model.to(device)
+    model = synced_ddp(args, device, world, len(dataset.classes))
     channels_last = args.channels_last and device.type == "cuda"
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    model = nn.parallel.DistributedDataParallel(
-        model, device_ids=[device.index] if device.index is not None else None
-    )
     decay = [p for p in model.parameters() if p.dim() > 1]
     no_decay = [p for p in model.parameters() if p.dim() <= 1]
     groups = [{"params": no_decay, "weight_decay": 0.0}, {"params": decay, "weight_decay": 2e-5}]
@@ -305,9 +306,7 @@ def run_timm(args: argparse.Namespace) -> None:
     losses = AverageMeter("Loss")
     data = batches(loader_, sampler)
     for step in range(args.max_steps):
-        started = time.perf_counter()
-        images, target = next(data)
-        split.add("data_s", started)
+        images, target = split.next_batch(data)
         started = time.perf_counter()
         # PrefetchLoader: to the device, then float and normalised there
         images = images.to(device, non_blocking=True).float().sub_(mean).div_(std)
