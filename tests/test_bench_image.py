@@ -16,12 +16,17 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow
-def test_bench_image_quick_reports_every_contender(tmp_path: Path) -> None:
-    # In a Python with torchvision: this one, or the image task's venv (.ci/run's IMAGE_PYTHON).
+def torchvision_python() -> str:
+    """A Python with torchvision: this one, or the image task's venv (.ci/run's IMAGE_PYTHON)."""
     python = sys.executable if importlib.util.find_spec("torchvision") else os.environ.get("IMAGE_PYTHON")
     if not python:
         pytest.skip("needs torchvision, here or in IMAGE_PYTHON")
+    return python
+
+
+@pytest.mark.slow
+def test_bench_image_quick_reports_every_contender(tmp_path: Path) -> None:
+    python = torchvision_python()
     out = tmp_path / "image.json"
     cmd = [python, "-m", "bench.image", "--quick", "--world-sizes", "1", "--json", str(out)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -58,10 +63,7 @@ def test_bench_image_quick_reports_every_contender(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_image_step_bench_times_each_variant() -> None:
-    python = sys.executable if importlib.util.find_spec("torchvision") else os.environ.get("IMAGE_PYTHON")
-    if not python:
-        pytest.skip("needs torchvision, here or in IMAGE_PYTHON")
-    cmd = [python, "-m", "bench.image_step", "--rounds", "2", "--steps", "1"]
+    cmd = [torchvision_python(), "-m", "bench.image_step", "--rounds", "2", "--steps", "1"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
