@@ -109,16 +109,26 @@ TASK_TESTS = [
     *DDP_TESTS, "tests/test_randomness.py", "tests/test_resume.py",
     "tests/test_faults.py::test_resume_on_another_world_size_with_the_same_global_batch",
 ]  # fmt: skip
-# The engine's own quick tests: the run lock, the launch scripts, ranks that cannot meet. No
-# task, feature, precision or accumulation changes their code or their tests
+# The engine's own quick tests: the run lock, the launch scripts, ranks that cannot meet, a
+# process refused before it starts (WORLD_SIZE without torchrun, a bad flag: engine/dist.py,
+# options.py, cli.py), the tests' own children's signal handling (conftest.py). No task,
+# feature, precision or accumulation changes their code or their tests
 # (test_a_task_changes_none_of_the_engine, test_no_answer_changes_the_engine_tests_code), so
 # every row but the lean one leaves them to it, like the engine's slow tests; they still read
 # the row's tiny settings and train, which the row's own quick tests prove.
 ENGINE_TESTS = [
     "tests/test_lock.py", "tests/test_launch_scripts.py",
     "tests/test_errors.py::test_ranks_that_cannot_meet_stop_with_one_line",
+    "tests/test_config.py::test_a_world_size_without_torchrun_is_refused_at_once",
+    "tests/test_config.py::test_command_line_error_has_no_traceback",
+    "tests/test_faults.py::test_the_processes_tests_start_handle_signals_that_pytest_ignores",
 ]  # fmt: skip
-ENGINE_TESTS_CODE = ["engine/lock.py", "engine/runlock.py", "engine/rendezvous.py", "engine/preemption.py"]
+ENGINE_TESTS_CODE = [
+    "engine/lock.py", "engine/runlock.py", "engine/rendezvous.py", "engine/preemption.py",
+    "engine/dist.py", "engine/options.py", "engine/cli.py",
+]  # fmt: skip
+# conftest.py's fixture that the signal test checks: the same in every row.
+ENGINE_FIXTURES = ["tests/conftest.py::children_get_default_signal_handling"]
 SUITE_SELECTION = {
     "lean-bf16-accum1-all-launchers-wandb": ["--numprocesses=2"],  # its README's command
     "all-features-fsdp-fp16-accum2-local": [
@@ -232,29 +242,36 @@ def test_a_task_changes_none_of_the_engine(template_dir: Path, tmp_path: Path) -
 
 def test_no_answer_changes_the_engine_tests_code(template_dir: Path, tmp_path: Path) -> None:
     """What every row but the lean one leaves to it (ENGINE_TESTS) tests the same code in each
-    row's answers: the lock, the rendezvous and the signals' modules and the launch scripts the
-    row has are the lean row's; in the classifier's rows, so are test_lock.py,
-    test_launch_scripts.py and the ranks-cannot-meet test (another task gives them its own data
-    and model settings: test_a_task_changes_none_of_the_engine)."""
+    row's answers: the lock, the rendezvous, the signals', the launch checks' and the options'
+    modules and the launch scripts the row has are the lean row's, and so are conftest.py's
+    signal fixture and the single tests of ENGINE_TESTS; in the classifier's rows, so are
+    test_lock.py and test_launch_scripts.py (another task gives them its own data and model
+    settings: test_a_task_changes_none_of_the_engine)."""
     (tmp_path / "lean").mkdir()
     lean = render(template_dir, tmp_path / "lean" / "demo", **SUITE_MATRIX[next(iter(WHOLE))])
 
-    def cannot_meet(project: Path) -> str:
-        tree = ast.parse((project / "tests" / "test_errors.py").read_text())
-        name = ENGINE_TESTS[-1].split("::")[1]
-        return next(ast.unparse(f) for f in tree.body if getattr(f, "name", "") == name)
+    def functions(project: Path) -> list[str]:
+        """The source of each single test of ENGINE_TESTS and of ENGINE_FIXTURES."""
+        sources = []
+        for item in [*ENGINE_TESTS, *ENGINE_FIXTURES]:
+            if "::" in item:
+                path, name = item.split("::")
+                tree = ast.parse((project / path).read_text())
+                sources += [next(ast.unparse(f) for f in tree.body if getattr(f, "name", "") == name)]
+        return sources
 
-    for row in [r for r in SUITE_MATRIX if r not in WHOLE]:
+    rows = {row: answers for row, answers in SUITE_MATRIX.items() if row not in WHOLE}
+    for row, answers in {**rows, "image": IMAGE_ANSWERS}.items():
         (tmp_path / row).mkdir()
-        project = render(template_dir, tmp_path / row / "demo", **SUITE_MATRIX[row])
-        classifier = SUITE_MATRIX[row].get("task", "classifier") == "classifier"
+        project = render(template_dir, tmp_path / row / "demo", **answers)
+        classifier = answers.get("task", "classifier") == "classifier"
         files = [f"src/demo/{path}" for path in ENGINE_TESTS_CODE]
         files += [f"scripts/{script.name}" for script in (project / "scripts").glob("*")]
         files += ENGINE_TESTS[:2] if classifier else []
         present = [f for f in files if (project / f).is_file()]
         differ = [f for f in present if (project / f).read_bytes() != (lean / f).read_bytes()]
         assert differ == [], (row, differ)
-        assert not classifier or cannot_meet(project) == cannot_meet(lean), row
+        assert functions(project) == functions(lean), row
 
 
 # The image task needs torchvision, which must match torch's release: .ci/run makes a venv with
