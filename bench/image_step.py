@@ -1,17 +1,21 @@
-"""What the trainer's keyed dropout costs the image model's step, A/B in one process.
+"""What the trainer's keyed dropout and its step's code cost the image model's step, A/B in one process.
 
     python -m bench.image_step            # 21 rounds of 5 steps per variant (~1 min idle, CPU)
 
 The generated trainer's forward + backward differs from the hand-written loops' (bench.image) in
 its dropout: KeyedDropout masks hashed from each sample's place in the global batch, set for each
 micro-batch by keyed.batch (which finds the model's KeyedDropouts), where torch's nn.Dropout
-draws from the process's generator. One thread, the bench.image workload's model and batch
+draws from the process's generator; and in the code around the model's forward and backward
+(step.forward_backward). One thread, the bench.image workload's model and batch
 (mobilenet_v3_small, 64 px, 16 images, fp32), every variant its own copy of the same weights,
 variants alternating within each round; medians of per-round ratios to `torch-dropout`:
 
 - torch-dropout: torchvision's model as it is; cross-entropy, backward, zero_grad.
 - keyed-dropout: the same model with its dropout converted (keyed.convert_dropout), each step
   inside keyed.batch, as the trainer's forward_backward runs it.
+- trainer-step: the keyed model through the trainer's own step.forward_backward (one
+  micro-batch: no_sync, keyed.batch, autocast and GradScaler disabled as at fp32, the loss
+  divided by the window's length, the loss kept for logging), with the image task's loss.
 - torch-dropout-again: a second copy of the first (the A/A control: what the method resolves).
 """
 
@@ -33,7 +37,15 @@ from torch import nn
 from .harness import PACKAGE
 from .image import render_image_project
 
-VARIANTS = ("torch-dropout", "keyed-dropout", "torch-dropout-again")
+VARIANTS = ("torch-dropout", "keyed-dropout", "trainer-step", "torch-dropout-again")
+
+
+class ImageLoss:
+    """The image task's training loss (task.py's Task.loss) at --label-smoothing 0."""
+
+    def loss(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        images, labels = batch
+        return nn.functional.cross_entropy(model(images), labels)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,17 +61,24 @@ def main(argv: list[str] | None = None) -> int:
         render_image_project(Path(work) / "project")
         sys.path.insert(0, str(Path(work) / "project" / "src"))
         keyed = importlib.import_module(f"{PACKAGE}.engine.keyed")
+        trainer = importlib.import_module(f"{PACKAGE}.step")
+        micro = importlib.import_module(f"{PACKAGE}.engine.loading").Micro
         torch.manual_seed(0)
         base = torchvision.models.get_model(a.model, num_classes=8)
         models = {v: copy.deepcopy(base).train() for v in VARIANTS}
         keyed.convert_dropout(models["keyed-dropout"])
+        keyed.convert_dropout(models["trainer-step"])
+        scaler = torch.amp.GradScaler("cpu", enabled=False)  # as the trainer's at fp32
         images = torch.randn(a.batch_size, 3, a.image_size, a.image_size)
         labels = torch.randint(0, 8, (a.batch_size,))
         places = range(a.batch_size)
 
         def step(variant: str, index: int) -> None:
             model = models[variant]
-            if variant == "keyed-dropout":
+            if variant == "trainer-step":
+                window = [micro((images, labels), places)]
+                trainer.forward_backward(model, window, ImageLoss(), "fp32", scaler, (0, index))
+            elif variant == "keyed-dropout":
                 with keyed.batch(model, 0, index, places, images.device):
                     loss = nn.functional.cross_entropy(model(images), labels)
                     loss.backward()

@@ -68,5 +68,6 @@ def test_image_step_bench_times_each_variant() -> None:
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = [line.split() for line in done.stdout.splitlines() if line.startswith("  ")]
-    assert [row[0] for row in rows] == ["torch-dropout", "keyed-dropout", "torch-dropout-again"]
+    variants = ["torch-dropout", "keyed-dropout", "trainer-step", "torch-dropout-again"]
+    assert [row[0] for row in rows] == variants
     assert all(float(row[1]) > 0 for row in rows) and rows[0][3] == "x1.0000", rows
