@@ -6,6 +6,7 @@ import ast
 import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -171,6 +172,16 @@ def suite_commands(
     return [*commands, [*pytest_, *selection]]
 
 
+def durations(output: str) -> str:
+    """The "slowest durations" table of a pytest run's output, or nothing."""
+    lines = output.splitlines()
+    start = next((i for i, line in enumerate(lines) if "slowest" in line and "durations" in line), None)
+    if start is None:
+        return ""
+    table = [line for line in lines[start + 1 :] if re.match(r"\d+\.\d+s ", line)]
+    return "\n".join(table)
+
+
 def run_suite(
     interpreter: str,
     project: Path,
@@ -184,6 +195,7 @@ def run_suite(
         start = time.monotonic()
         proc = run(command, cwd=project, timeout=2400)  # test_faults.py took over 1200 s under load
         print(f"{' '.join(command[7:])}: {time.monotonic() - start:.0f} s")  # what each part costs
+        print(durations(proc.stdout))  # under PYTEST_ADDOPTS=--durations=N; -rP shows the prints
         tail = proc.stdout[-6000:] + "\n--- stderr ---\n" + proc.stderr[-2000:]  # the summary, then logs
         assert proc.returncode == 0, f"{' '.join(command[1:])}\n{tail}"
         assert " passed" in proc.stdout and "no tests ran" not in proc.stdout, tail
