@@ -15,7 +15,7 @@ variants alternating within each round; medians of per-round ratios to `torch-dr
   inside keyed.batch, as the trainer's forward_backward runs it.
 - trainer-step: the keyed model through the trainer's own step.forward_backward (one
   micro-batch: no_sync, keyed.batch, autocast and GradScaler disabled as at fp32, the loss
-  divided by the window's length, the loss kept for logging), with the image task's loss.
+  divided by the window's length, the loss kept for logging), with the image task's own loss (Task.loss).
 - torch-dropout-again: a second copy of the first (the A/A control: what the method resolves).
 """
 
@@ -40,14 +40,6 @@ from .image import render_image_project
 VARIANTS = ("torch-dropout", "keyed-dropout", "trainer-step", "torch-dropout-again")
 
 
-class ImageLoss:
-    """The image task's training loss (task.py's Task.loss) at --label-smoothing 0."""
-
-    def loss(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        images, labels = batch
-        return nn.functional.cross_entropy(model(images), labels)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.image_step", description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=21)
@@ -63,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         keyed = importlib.import_module(f"{PACKAGE}.engine.keyed")
         trainer = importlib.import_module(f"{PACKAGE}.step")
         micro = importlib.import_module(f"{PACKAGE}.engine.loading").Micro
+        image_task = importlib.import_module(f"{PACKAGE}.task")
+        task = image_task.Task(image_task.TrainConfig(label_smoothing=0.0))  # its loss alone
         torch.manual_seed(0)
         base = torchvision.models.get_model(a.model, num_classes=8)
         models = {v: copy.deepcopy(base).train() for v in VARIANTS}
@@ -77,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             model = models[variant]
             if variant == "trainer-step":
                 window = [micro((images, labels), places)]
-                trainer.forward_backward(model, window, ImageLoss(), "fp32", scaler, (0, index))
+                trainer.forward_backward(model, window, task, "fp32", scaler, (0, index))
             elif variant == "keyed-dropout":
                 with keyed.batch(model, 0, index, places, images.device):
                     loss = nn.functional.cross_entropy(model(images), labels)
