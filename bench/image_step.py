@@ -15,7 +15,8 @@ variants alternating within each round; medians of per-round ratios to `torch-dr
   inside keyed.batch, as the trainer's forward_backward runs it.
 - trainer-step: the keyed model through the trainer's own step.forward_backward (one
   micro-batch: no_sync, keyed.batch, autocast and GradScaler disabled as at fp32, the loss
-  divided by the window's length, the loss kept for logging), with the image task's own loss (Task.loss).
+  divided by the window's length, the loss kept for logging), with the image task's own
+  Task.loss.
 - torch-dropout-again: a second copy of the first (the A/A control: what the method resolves).
 """
 
