@@ -213,16 +213,14 @@ def analyse(
 
 
 @contextlib.contextmanager
-def background_load(name: str, work: Path) -> Iterator[int]:
-    """Start the processes of load `name` beside the training; stop them on exit.
+def background_load(name: str, work: Path, cores: int) -> Iterator[int]:
+    """Start the processes of load `name` for a machine of `cores` beside the training; stop
+    them on exit.
 
     Yields how many were started."""
     per_core, disk = LOADS[name]
     quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    procs = [
-        subprocess.Popen([sys.executable, "-c", SPIN], **quiet)
-        for _ in range(per_core * (os.cpu_count() or 1))
-    ]
+    procs = [subprocess.Popen([sys.executable, "-c", SPIN], **quiet) for _ in range(per_core * cores)]
     if disk:
         procs.append(
             subprocess.Popen([sys.executable, "-c", DISK_WRITER, str(work / "disk-load.bin")], **quiet)
@@ -301,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=2, help="first steps left out of the step time (default 2)")
     p.add_argument("--tail", type=int, default=1, help="steps after a write counted in its stall (default 1)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="OMP_NUM_THREADS (default: cores)")
+    p.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="cores the loads are sized for")
     p.add_argument("--settle", type=float, default=2.0, help="seconds a load runs before the training")
     p.add_argument("--tiny", action="store_true", help="tiny model (a smoke test of the harness)")
     p.add_argument(
@@ -322,7 +321,7 @@ def run_load(
     out_dir = work / f"run-{rnd}-{load}"
     flags = [*run_flags(w, args.ckpt_every, args.saves), f"--out-dir={out_dir}"]
     cmd = [sys.executable, "-m", "bench.ckpt", "--worker", f"--out-dir={out_dir}", "--", *flags]
-    with background_load(load, work) as started:
+    with background_load(load, work, args.cores) as started:
         time.sleep(args.settle if started else 0)
         record = run_one(cmd, env, args.timeout)
         loadavg = os.getloadavg()[0]
