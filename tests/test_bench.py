@@ -114,7 +114,7 @@ def test_gpu_bench_script_runs_on_cpu(tmp_path: Path) -> None:
 def test_ckpt_bench_reports_the_stall_of_every_save_under_every_load(tmp_path: Path) -> None:
     """python -m bench.ckpt at tiny sizes: one run per load, each save measured beside a synchronous one."""
     out = tmp_path / "ckpt.json"
-    # Loads sized for one core: every load's processes and their plumbing, half as many on 2.
+    # Loads sized for one core: every load's kinds of process and their plumbing, fewer of them.
     cmd = [
         sys.executable, "-m", "bench.ckpt", "--tiny", "--saves", "2", "--ckpt-every", "10",
         "--threads", "1", "--cores", "1", "--settle", "0.5", "--json", str(out),
